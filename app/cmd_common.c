@@ -334,6 +334,13 @@ mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *
                       "PyTorch FSDP's: use torchtitan-compile or torchtitan-eager, or drop it");
     o->fsdp.flat_params = 1;
   }
+  return mp_cmd_loss_chunks(ctx, spec, &o->loss_chunks); /* the plan checks the stack and the sequence */
+}
+
+mp_status mp_cmd_loss_chunks(mp_ctx *ctx, const mp_cmd_spec *spec, int *out) {
+  long long n = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--loss-chunks", 1, MP_LIM_SEQ, &n));
+  if (n > 0) *out = (int)n;
   return MP_OK;
 }
 

@@ -62,9 +62,9 @@ static mp_opt k_opts[] = {
     MP_OPT_SP,
     MP_OPT_CP_ROTATE,
     MP_OPT_MEGATRON_FSDP,
-    MP_OPT_FP8_PARAM_GATHER,
-    MP_OPT_FP8_ALL_GATHER,
+    MP_OPT_FP8_PARAM_GATHER, MP_OPT_FP8_ALL_GATHER,
     MP_OPT_ASYNC_TP, MP_OPT_MOE_ROUTING, MP_OPT_NCCL_CTAS, MP_OPT_NCCL_VERSION, MP_OPT_MOE_DISPATCHER,
+    MP_OPT_LOSS_CHUNKS,
     {"--fp8", "[on|off|auto|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",
      "float8 Linear layers: bare or on, float8 plans only under the stack's recipe; a recipe's name, "
      "float8 plans only under it (see simulate --help); off (default), bf16 only; auto, both where "
@@ -244,6 +244,7 @@ static mp_status read_args(mp_ctx *ctx, plan_args *a) {
   fill_setup(a, gb);
   MP_CHECK(mp_cmd_moe_routing(ctx, &k_spec, &a->setup.moe_routing));
   MP_CHECK(mp_cmd_moe_dispatcher(ctx, &k_spec, &a->setup.moe_dispatcher)); /* the stack's check: probe.c */
+  MP_CHECK(mp_cmd_loss_chunks(ctx, &k_spec, &a->setup.loss_chunks)); /* the stack's and each mesh's: probe.c, the plan */
   MP_CHECK(mp_model_check_step(ctx, &a->m, a->seq, 1, a->target_seqs > 0 ? 2 * a->gb : a->gb));
   a->out = mp_args_has(&k_spec, "--out") ? mp_args_get(&k_spec, "--out") : ".";
   MP_CHECK(mp_emit_args(ctx, mp_args_get(&k_spec, "--emit"), mp_args_has(&k_spec, "--out"), &a->target, &a->emit));

@@ -249,6 +249,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->fsdp.reduce_dtype != MP_DTYPE_FP32 && o->dp == MP_DP_FSDP)
     cJSON_AddStringToObject(j, "fsdp_reduce_dtype", mp_dtype_name(o->fsdp.reduce_dtype));
   if (o->fsdp.flat_params && o->dp == MP_DP_FSDP) cJSON_AddBoolToObject(j, "fsdp_flat_params", 1);
+  if (o->loss_chunks > 1) cJSON_AddNumberToObject(j, "loss_chunks", o->loss_chunks);
   if (mesh->size[MP_DIM_PP] > 1) {
     cJSON_AddStringToObject(j, "pp_schedule", mp_pp_schedule_name(o->pp_schedule));
     cJSON_AddNumberToObject(j, "pp_virtual", o->pp_virtual > 1 ? o->pp_virtual : 1);

@@ -50,7 +50,9 @@
  * (a megatron row with dp_shard > 1 runs Megatron
  * FSDP: its --data-parallel-sharding-strategy, empty or absent optim_grads_params, and 1 for its
  * --fsdp-double-buffer, empty or absent off), fsdp_flat_params (1: PyTorch FSDP1's flat
- * parameters, no FSDP2 copy-out or copy-in; empty or absent: FSDP2), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
+ * parameters, no FSDP2 copy-out or copy-in; empty or absent: FSDP2), loss_chunks (torchtitan's
+ * ChunkedLossWrapper's num_chunks: the head and loss in that many sequence chunks; empty or
+ * absent: 1, the micro-batch at once), fsdp_reduce_dtype (fp32 or bf16: the dtype FSDP
  * reduces gradients in, bf16 as FSDP1's MixedPrecision runs it in IBM's fms-fsdp; empty or
  * absent: fp32), mtp_layers (the model's multi-token-prediction modules; empty or absent: the
  * model's), cuda_graphs (Megatron-Core's CUDA graphs on a megatron-core row: none, attn, layers
@@ -250,6 +252,7 @@ static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow
     return mp_error(ctx, MP_ERR_INVALID, "%s: fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan "
                     "stack: empty the column", where);
   o->fsdp.flat_params = v->fsdp_flat_params == 1;
+  o->loss_chunks = (int)v->loss_chunks; /* the plan checks the stack and the sequence */
   if (v->fp8_scope[0] && !mp_fp8_scope_parse(v->fp8_scope, &o->fp8_opts.scope))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_scope '%s': expected linears, experts or all", where,
                     v->fp8_scope);

@@ -90,12 +90,15 @@ mp_status mp_cmd_moe_dispatcher(mp_ctx *ctx, const mp_cmd_spec *spec, mp_moe_dis
  * Megatron-Core's (the plan checks the rest). */
 mp_status mp_cmd_moe_comm(mp_ctx *ctx, const mp_cmd_spec *spec, const struct mp_stack_profile *prof,
                              mp_plan_options *o);
-/* --fp8-act-cache, --optimizer-moments fp32|bf16, --fsdp-reduce-dtype fp32|bf16 and
- * --fsdp-flat-params (simulate, explain) into o->fp8_act_cache, o->moment_dtype,
- * o->fsdp.reduce_dtype and o->fsdp.flat_params; MP_ERR_USAGE for another dtype, and for
+/* --fp8-act-cache, --optimizer-moments fp32|bf16, --fsdp-reduce-dtype fp32|bf16,
+ * --fsdp-flat-params and --loss-chunks N (simulate, explain) into o->fp8_act_cache,
+ * o->moment_dtype, o->fsdp.reduce_dtype, o->fsdp.flat_params and o->loss_chunks; MP_ERR_USAGE
+ * for another dtype, a count below 1, and for
  * --fsdp-flat-params under a memory model other than torchtitan's (the plan checks the recipe
  * and the memory model). */
 mp_status mp_cmd_storage(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_options *o);
+/* --loss-chunks N (simulate, explain, plan) into *out where given; MP_ERR_USAGE below 1. */
+mp_status mp_cmd_loss_chunks(mp_ctx *ctx, const mp_cmd_spec *spec, int *out);
 /* fp32 or bf16 by name into *out; 0 (out untouched) for another name. AdamW's moments' and
  * FSDP's gradient reduction's dtype: mp_cmd_storage and validate's optimizer_moments and
  * fsdp_reduce_dtype columns read it. */

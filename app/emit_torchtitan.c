@@ -128,6 +128,12 @@ static mp_status check_plan(mp_ctx *ctx, const mp_emit_plan *p, const char **nam
   if (p->o->fsdp.flat_params)
     return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan runs FSDP2 (fully_shard); the plan runs "
                     "FSDP1's flat parameters (--fsdp-flat-params): drop it");
+  /* ChunkedCELoss came with 786e26f8e (April 2026), after v0.2.x's TOML job config, as a
+   * config_registry loss (Trainer.Config.loss): no TOML key writes it */
+  if (p->o->loss_chunks > 1)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: torchtitan v0.2.0's job config has no chunked loss; "
+                    "the plan runs the head and loss in %d chunks (--loss-chunks, ChunkedLossWrapper of later "
+                    "torchtitan's config registry): drop it", p->o->loss_chunks);
   /* the reader maps compile.enable back to these two profiles, so only they round-trip */
   if (strcmp(p->stack->name, "torchtitan-compile") != 0 && strcmp(p->stack->name, "torchtitan-eager") != 0)
     return mp_error(ctx, MP_ERR_USAGE,

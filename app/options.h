@@ -185,9 +185,16 @@
   , { "--moe-fp8-dispatch", NULL, "DeepSeek-V3's float8 dispatch (sec. 3.3.3): the tokens sent to " \
     "the experts, and the gradients sent into their down projections, travel as E4M3 with an fp32 " \
     "scale per 128 elements; the combines stay bf16 (ep > 1, --fp8)", NULL }
-/* simulate and explain: DeepSeek-V3's low-precision storage, FSDP's reduction dtype and FSDP1's
- * flat parameters (mp_cmd_storage; exec/plan.h, fp8_act_cache, moment_dtype, fsdp.reduce_dtype
- * and fsdp.flat_params) */
+/* simulate, explain and plan: torchtitan's chunked loss (mp_cmd_loss_chunks; exec/plan.h
+ * loss_chunks) */
+#define MP_OPT_LOSS_CHUNKS                                                                         \
+  { "--loss-chunks", "N", "torchtitan's ChunkedLossWrapper (num_chunks, 8 in its llama3 configs "    \
+    "since 786e26f8e): the head and the cross-entropy run in N sequence chunks, forward and "      \
+    "backward each, so one chunk's logits are live at a time; N divides the rank's sequence "      \
+    "(torchtitan stacks) (default 1: the micro-batch at once, as torchtitan v0.2.x runs it)", NULL }
+/* simulate and explain: DeepSeek-V3's low-precision storage, FSDP's reduction dtype, FSDP1's
+ * flat parameters and torchtitan's chunked loss (mp_cmd_storage; exec/plan.h, fp8_act_cache,
+ * moment_dtype, fsdp.reduce_dtype, fsdp.flat_params and loss_chunks) */
 #define MP_OPT_STORAGE                                                                             \
   { "--fp8-act-cache", NULL, "DeepSeek-V3's activation cache (sec. 3.3.3): the tensors saved for " \
     "the float8 Linears' backward and the MoE's SwiGLU inputs kept as E4M3 with an fp32 scale per " \
@@ -201,7 +208,8 @@
     "buffers' dtype, bf16 being Megatron-LM's --grad-reduce-in-bf16 (default fp32)", NULL },     \
   { "--fsdp-flat-params", NULL, "PyTorch FSDP1's flat parameters (FullyShardedDataParallel, as "  \
     "IBM's fms-fsdp runs it): each unit gathered into and reduce-scattered from one flat tensor, "  \
-    "without FSDP2's copy-out and copy-in on the compute stream (torchtitan stacks)", NULL }
+    "without FSDP2's copy-out and copy-in on the compute stream (torchtitan stacks)", NULL },      \
+  MP_OPT_LOSS_CHUNKS
 /* simulate and explain: Megatron-Core's fused cross-entropy (mp_cmd_ce_fusion) */
 #define MP_OPT_CE_FUSION                                                                           \
   { "--cross-entropy-loss-fusion", NULL, "Megatron-Core's option of that name: the vocab-parallel " \

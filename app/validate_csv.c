@@ -279,6 +279,7 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "sp", &row->sp));
   MP_CHECK(opt_flag(r, "moe_fp8_dispatch", &row->moe_fp8_dispatch));
   MP_CHECK(opt_flag(r, "fp8_act_cache", &row->fp8_act_cache));
+  MP_CHECK(opt_int(r, "loss_chunks", 1, MP_LIM_SEQ, 0, &row->loss_chunks));
   MP_CHECK(read_layer_counts(r, row));
   MP_CHECK(opt_str(r, "optimizer_moments", row->optimizer_moments, sizeof row->optimizer_moments));
   MP_CHECK(read_fsdp(r, row));

@@ -108,6 +108,8 @@ typedef struct mp_vrow {
                              empty: off */
   int fsdp_flat_params;   /* 0 or 1: PyTorch FSDP1's flat parameters on a torchtitan stack
                              (exec/plan.h, fsdp.flat_params); -1 when absent or empty: FSDP2 */
+  int64_t loss_chunks;    /* torchtitan's ChunkedLossWrapper num_chunks on a torchtitan stack
+                             (exec/plan.h loss_chunks), 1 or more; 0 when absent or empty (1) */
   int fp8_all_gather;   /* 0 or 1: torchtitan's enable_fsdp_float8_all_gather (--fp8-all-gather); -1
                            when the column is absent or empty */
   int nvfp4_rht;        /* 0 or 1 with fp8_recipe nvfp4: 0 Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1

@@ -375,8 +375,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
   if ((unsigned)o->mem_model >= MP_MEM_MODEL_COUNT)
     return mp_error(ctx, MP_ERR_INVALID, "unknown memory model %d; choose torchtitan, "
                     "meshplan-cpu, meshplan-cuda or megatron", (int)o->mem_model);
-  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_TE ||
-      o->sp < -1 || o->sp > 1)
+  if ((unsigned)o->attn > MP_ATTN_MATERIALIZED || (unsigned)o->loss > MP_LOSS_TE || o->sp < -1 || o->sp > 1)
     return mp_error(ctx, MP_ERR_INVALID, "attention kind %d, loss kind %d or sp=%d out of range",
                     (int)o->attn, (int)o->loss, o->sp);
   if (o->tp_comm_fused && mp_mem_model_is_runtime(o->mem_model))
@@ -387,6 +386,7 @@ static mp_status validate_options(mp_ctx *ctx, const mp_mesh *mesh, const mp_pla
                     mp_mem_model_name(o->mem_model));
   MP_CHECK(moe_overlap_check(ctx, mesh, o));
   MP_CHECK(mp_plan_storage_check(ctx, o));
+  MP_CHECK(mp_plan_loss_check(ctx, mesh, o));
   if (o->cp_wait_at_issue && o->mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_INVALID,
                     "cp_wait_at_issue is torchtitan's compiled ring (collectives waited where "

@@ -465,13 +465,13 @@ typedef struct mp_plan_options {
   mp_ac_mode ac;
   int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
                             (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
-  int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms,
-                            residuals and dropout on [T/tp, H], all-gather before and
-                            reduce-scatter after each TP region. 1 on, 0 off (the all-reduce
-                            form), -1 (default): on when tp > 1 under a memory model whose
-                            runtime runs it (torchtitan, megatron), resolved by mp_plan_create */
+  int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms, residuals and
+                            dropout on [T/tp, H], all-gather before and reduce-scatter after each TP
+                            region. 1 on, 0 off (the all-reduce form), -1 (default): on when tp > 1 under
+                            a memory model whose runtime runs it (torchtitan, megatron), by mp_plan_create */
   mp_attn_impl attn;     /* the attention kernel (default FLASH) */
   mp_loss_impl loss;     /* the cross-entropy's implementation (default EAGER) */
+  int loss_chunks;       /* torchtitan's ChunkedLossWrapper: head and loss in N sequence chunks (schedule_head.c); 0, 1: off */
   mp_dp_kind dp;         /* how data parallelism holds the parameters: FSDP (sharded) or
                             DDP (replicated); MP_DP_AUTO (default): DDP under the megatron
                             memory model, FSDP otherwise, resolved by mp_plan_create */
@@ -479,17 +479,15 @@ typedef struct mp_plan_options {
   mp_fsdp_options fsdp;
   mp_mfsdp_strategy mfsdp_strategy; /* Megatron FSDP's sharding strategy (the megatron memory
                                        model with dp_shard > 1; default OPTIM_GRADS_PARAMS) */
-  int fsdp_double_buffer; /* Megatron FSDP's --fsdp-double-buffer: the gathered weights and
-                             the unsharded gradients in two fixed buffers of units, so at most
-                             the next TransformerLayer is prefetched; 0 (default): gathers are
-                             prefetched until 500M elements are in flight
-                             (param_and_grad_buffer.py, AllGatherPipeline.all_gather_params) */
+  int fsdp_double_buffer; /* Megatron FSDP's --fsdp-double-buffer: the gathered weights and the unsharded
+                             gradients in two fixed buffers of units, so at most the next TransformerLayer
+                             is prefetched; 0 (default): gathers are prefetched until 500M elements are in
+                             flight (param_and_grad_buffer.py, AllGatherPipeline.all_gather_params) */
   mp_pp_schedule pp_schedule;
   int pp_virtual;        /* virtual stages per rank for interleaved (>= 1) */
   int n_pp_layers;       /* 0: the default split (mp_plan_chunk_layers); pp: stage s holds
                             pp_layers[s] layers, one model chunk a stage (Megatron-LM's
-                            --decoder-first-pipeline-num-layers and
-                            --decoder-last-pipeline-num-layers, torchtitan's
+                            --decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers, torchtitan's
                             pipeline_parallel_layers_per_stage / module names per stage);
                             pp x pp_virtual (interleaved): model chunk k = c x pp + s holds
                             pp_layers[k] (Megatron-LM's --pipeline-model-parallel-layout,
@@ -690,9 +688,11 @@ int mp_plan_find_param(const mp_plan *p, const char *fqn);
  * the Float8 pass's filter (torchtitan's names, GEMM dims multiples of the recipe's tile:
  * exec/rules.h) on the TP pass's local shapes, from a plan built for it. A float8 plan differs from bf16 exactly
  * when *n_fp8 > 0. The TP rules must hold (mp_rule_tp_dim). */
-/* fp8_act_cache, moment_dtype and fsdp.reduce_dtype against the recipe, the memory model and
- * the dtypes they take: MP_ERR_INVALID naming the rule otherwise (exec/pass_float8.c). */
+/* fp8_act_cache, moment_dtype and fsdp.reduce_dtype against the recipe, the memory model and the dtypes they
+ * take (exec/pass_float8.c); loss_chunks against the memory model and the rank's sequence (schedule_head.c):
+ * MP_ERR_INVALID naming the rule otherwise. */
 mp_status mp_plan_storage_check(mp_ctx *ctx, const mp_plan_options *o);
+mp_status mp_plan_loss_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o);
 mp_status mp_plan_fp8_linears(mp_ctx *ctx, const mp_model *m, int tp, mp_fp8_recipe recipe, int *n_fp8);
 /* The recipe a plan of memory model mm runs: r itself, or for MP_FP8_DEFAULT the model's own,
  * DELAYED under megatron (Megatron-LM's --fp8-recipe default), TENSORWISE otherwise. */

@@ -62,9 +62,9 @@ static int64_t head_act_bytes(const shapes *sh) {
  * logits; backward (nll and log_softmax fused) grad_input = zeros_like(x) with -1 scattered,
  * (grad_input + exp(x)) * grad_output: the saved output, grad_input, the sum and the product
  * live at once. */
-static void loss_fwd(gen *g) {
+static void loss_fwd(gen *g, int64_t T) {
   const shapes *sh = &g->sh;
-  const int64_t TV = sh->tokens * sh->vocab_loss;
+  const int64_t TV = T * sh->vocab_loss;
   const mp_loss_impl li = g->p->opts.loss;
   const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
   double bytes = 10.0 * (double)TV;
@@ -95,15 +95,15 @@ static void loss_fwd(gen *g) {
   }
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), TV, FLOPS_LOSS, bytes);
   if (sh->loss_parallel && li == MP_LOSS_TE) /* each rank's three fp32 a row, all-gathered */
-    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 12.0 * (double)(sh->tokens * sh->tp),
+    comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 12.0 * (double)(T * sh->tp),
          MP_DTYPE_FP32, head_module(sh));
   else if (sh->loss_parallel)
     for (int i = 0; i < 3; i++)
-      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)sh->tokens,
+      comm(g, MP_COLL_ALL_REDUCE, MP_GROUP_TP, MP_STREAM_COMPUTE, 4.0 * (double)T,
            MP_DTYPE_FP32, head_module(sh));
   if (li == MP_LOSS_TE) return; /* the logits, now holding their gradient, saved */
   if (li == MP_LOSS_FUSED) {
-    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 1); /* the bf16 logits stay, with the lse */
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * T, 1); /* the bf16 logits stay, with the lse */
     return;
   }
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
@@ -112,9 +112,9 @@ static void loss_fwd(gen *g) {
 
 /* The loss backward down to the bf16 gradient of the rank's V_l logit columns (DLOGITS,
  * allocated on exit), everything loss_fwd held released. */
-static void loss_bwd(gen *g) {
+static void loss_bwd(gen *g, int64_t T) {
   const shapes *sh = &g->sh;
-  const int64_t TV = sh->tokens * sh->vocab_loss, dl = 2 * sh->tokens * sh->vocab_local;
+  const int64_t TV = T * sh->vocab_loss, dl = 2 * T * sh->vocab_local;
   const mp_loss_impl li = g->p->opts.loss;
   const int dtensor = li == MP_LOSS_EAGER && sh->loss_parallel;
   double bytes = 8.0 * (double)TV;
@@ -149,38 +149,92 @@ static void loss_bwd(gen *g) {
   if (li == MP_LOSS_EAGER) pair(g, MP_MEM_LOGITS, BUF_DLSM_F32, 4 * TV, 0);
   if (li == MP_LOSS_INPLACE || li == MP_LOSS_INPLACE_FUSED) pair(g, MP_MEM_LOGITS, BUF_LOGITS_F32, 4 * TV, 0);
   if (li == MP_LOSS_FUSED) {
-    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * sh->tokens, 0);
+    pair(g, MP_MEM_LOGITS, BUF_LSE, 4 * T, 0);
     pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * TV, 0);
   }
 }
 
-/* The head's forward ops up to the logits: the final norm on [Ts, H], the head's region
- * entered (SP: all-gather), the head GEMM, the logits gathered when not kept vocab-sharded;
- * `logits` is called where the logits' memory is allocated (before the GEMM). */
-static void head_fwd_ops(gen *g, void (*logits)(gen *g), int norm) {
+/* The head's forward up to its GEMM's input: the final norm on [Ts, H], the head's region
+ * entered (SP: all-gather). */
+static void head_in_fwd(gen *g, int norm) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->tokens, H = sh->d_model;
-  mp_sched_norm_fwd(g, norm, sh->tokens_sp, H);
+  mp_sched_norm_fwd(g, norm, sh->tokens_sp, sh->d_model);
   mp_sched_tp_region_in_fwd(g, sh->tp > 1, head_module(sh), 0);
-  logits(g);
-  mp_sched_linear_fwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
+}
+
+/* The head GEMM on T rows, the logits gathered when not kept vocab-sharded; `logits` is
+ * called where the logits' memory is allocated (before the GEMM). */
+static void head_gemm_fwd(gen *g, void (*logits)(gen *g, int64_t T), int64_t T) {
+  const shapes *sh = &g->sh;
+  logits(g, T);
+  mp_sched_linear_fwd(g, head_module(sh), (double)T, sh->vocab_local, sh->d_model, 1);
   if (sh->logits_gather)
     comm(g, MP_COLL_ALL_GATHER, MP_GROUP_TP, MP_STREAM_COMPUTE, 2.0 * (double)(T * sh->vocab_loss),
          MP_DTYPE_BF16, head_module(sh));
 }
 
-static void logits_tt(gen *g) { pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * g->sh.tokens * g->sh.vocab_loss, 1); }
-static void logits_rt(gen *g) { mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1); }
+static void logits_tt(gen *g, int64_t T) { pair(g, MP_MEM_LOGITS, BUF_LOGITS, 2 * T * g->sh.vocab_loss, 1); }
+static void logits_rt(gen *g, int64_t T) {
+  (void)T;
+  mp_sched_rt_mem(g, MP_ACT_ALLOC_LOGITS, KIND_DENSE, 1);
+}
+
+/* torchtitan's ChunkedLossWrapper (components/loss.py; added as ChunkedCELoss in 786e26f8e,
+ * April 2026, num_chunks 8 by default, the llama3 configs' loss from then on): the decoder
+ * runs without its head, the hidden states [T, H] are detached and split along the sequence
+ * into loss_chunks contiguous copies, and each chunk runs the head GEMM, the loss and at once
+ * their backward (chunk_loss.backward()), its input gradient summed into an fp32 [T, H]
+ * (GradAccumulator) that the decoder's backward takes at the step's backward. Nothing is
+ * recomputed: the head's three GEMMs run once a token, on T/N rows at a time. Held through
+ * the loop: the copies (2 T H) and the sum (4 T H); under FSDP the head's weight stays
+ * gathered and its unsharded gradient sums over the chunks (set_requires_gradient_sync off
+ * to the last). The last chunk's backward runs where the step's backward begins. */
+static int loss_chunks(const gen *g) { return g->p->opts.loss_chunks > 1 ? g->p->opts.loss_chunks : 1; }
+
+/* Chunk c's rows of T split in n: T/n each, n dividing the rank's sequence (the plan's
+ * mp_plan_loss_check, torchtitan's own check); rows a chunk differing by at most one where
+ * the plan was checked before its sequence was resolved. */
+static int64_t chunk_rows(int64_t T, int c, int n) { return T * (c + 1) / n - T * c / n; }
+
+static int64_t loss_chunks_bytes(const gen *g) {
+  return loss_chunks(g) > 1 ? 6 * g->sh.tokens * g->sh.d_model : 0;
+}
+
+static int64_t head_dw_bytes(const gen *g) {
+  if (loss_chunks(g) == 1 || !g->has_fsdp || g->ms->runtime) return 0;
+  return g->sh.vocab_local * g->sh.d_model * mp_dtype_bytes(g->param_dtype);
+}
+
+/* One chunk's backward from its loss down to the head's input gradient: the loss, the
+ * head's dgrad and wgrad on its T rows, its logits' gradient released. */
+static void head_chunk_bwd(gen *g, int64_t T) {
+  const shapes *sh = &g->sh;
+  loss_bwd(g, T);
+  mp_sched_linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, sh->d_model, 1);
+  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->vocab_local, 0);
+}
 
 /* The head and the loss under PyTorch's autograd (torchtitan, Megatron-LM): the final norm's
- * saved tensors, the logits, the loss as the stack computes it (loss_fwd). */
+ * saved tensors, the logits, the loss as the stack computes it (loss_fwd); with loss_chunks
+ * the chunks' forward and backward but the last one's backward. */
 void mp_sched_head_fwd(gen *g) { mp_sched_head_norm_fwd(g, MP_MOD_FINAL_NORM); }
 
 /* The same after norm module `norm` (an MTP module's own final norm: schedule_mtp.c). */
 void mp_sched_head_norm_fwd(gen *g, int norm) {
+  const int64_t T = g->sh.tokens;
+  const int n = loss_chunks(g);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(&g->sh), 1);
-  head_fwd_ops(g, logits_tt, norm);
-  loss_fwd(g);
+  head_in_fwd(g, norm);
+  pair(g, MP_MEM_LOGITS, BUF_LOSS_CHUNKS, loss_chunks_bytes(g), 1);
+  for (int c = 0; c < n; c++) {
+    head_gemm_fwd(g, logits_tt, chunk_rows(T, c, n));
+    loss_fwd(g, chunk_rows(T, c, n));
+    if (c == n - 1) break;
+    if (c == 0) pair(g, MP_MEM_TEMP, BUF_HEAD_DW, head_dw_bytes(g), 1);
+    head_chunk_bwd(g, chunk_rows(T, c, n));
+  }
+  /* the step's unsharded gradients take the head's from here (emit_backward_head) */
+  pair(g, MP_MEM_TEMP, BUF_HEAD_DW, head_dw_bytes(g), 0);
 }
 
 /* The runtimes' head: xf and rstdf in one block; one LOGITS block of the X logits, the
@@ -190,7 +244,8 @@ void mp_sched_head_fwd_rt(gen *g) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens;
   mp_sched_rt_mem(g, MP_ACT_ALLOC_HEAD, KIND_DENSE, 1);
-  head_fwd_ops(g, logits_rt, MP_MOD_FINAL_NORM);
+  head_in_fwd(g, MP_MOD_FINAL_NORM);
+  head_gemm_fwd(g, logits_rt, T);
   elementwise(g, MP_KERNEL_LOSS, MP_VAR_FWD, head_module(sh), T * sh->vocab_loss, FLOPS_LOSS,
               10.0 * (double)(T * sh->vocab_loss));
   if (sh->loss_parallel)
@@ -224,11 +279,28 @@ void mp_sched_head_bwd(gen *g) { mp_sched_head_norm_bwd(g, MP_MOD_FINAL_NORM); }
 
 void mp_sched_head_norm_bwd(gen *g, int norm) {
   const shapes *sh = &g->sh;
-  const int64_t T = sh->tokens, H = sh->d_model;
-  loss_bwd(g);
-  mp_sched_linear_bwd(g, head_module(sh), (double)T, sh->vocab_local, H, 1);
-  pair(g, MP_MEM_LOGITS, BUF_DLOGITS, 2 * T * sh->vocab_local, 0);
+  const int n = loss_chunks(g);
+  head_chunk_bwd(g, chunk_rows(sh->tokens, n - 1, n));
+  pair(g, MP_MEM_LOGITS, BUF_LOSS_CHUNKS, loss_chunks_bytes(g), 0);
   mp_sched_tp_region_in_bwd(g, sh->tp_head_split, head_module(sh));
-  mp_sched_norm_bwd(g, norm, sh->tokens_sp, H);
+  mp_sched_norm_bwd(g, norm, sh->tokens_sp, sh->d_model);
   pair(g, MP_MEM_ACTIVATIONS, BUF_ACT_HEAD, head_act_bytes(sh), 0);
+}
+
+mp_status mp_plan_loss_check(mp_ctx *ctx, const mp_mesh *mesh, const mp_plan_options *o) {
+  const int n = o->loss_chunks;
+  if (n < 0)
+    return mp_error(ctx, MP_ERR_INVALID, "loss_chunks %d: give a count of sequence chunks, 1 or more", n);
+  if (n <= 1) return MP_OK;
+  if (o->mem_model != MP_MEM_MODEL_TORCHTITAN)
+    return mp_error(ctx, MP_ERR_INVALID, "loss_chunks %d is torchtitan's ChunkedLossWrapper; the %s memory "
+                    "model computes the loss on the whole micro-batch: use a torchtitan stack or drop it",
+                    n, mp_mem_model_name(o->mem_model));
+  /* components/loss.py: torch._check(seq_len % num_chunks == 0) on the rank's sequence */
+  const int64_t s = o->seq / mesh->size[MP_DIM_CP];
+  if (o->seq > 0 && s % n != 0)
+    return mp_error(ctx, MP_ERR_INVALID, "loss_chunks %d does not divide the rank's sequence of %lld tokens "
+                    "(torchtitan's ChunkedLossWrapper splits it evenly): choose a divisor of %lld",
+                    n, (long long)s, (long long)s);
+  return MP_OK;
 }

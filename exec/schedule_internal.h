@@ -92,6 +92,8 @@ enum {
   BUF_LP_EXP,      /* DTensor loss parallel: exp() of it (forward) or of the saved output
                       (backward), fp32 */
   BUF_LP_SUM,      /* DTensor loss parallel backward: one-hot plus exp, fp32 */
+  BUF_LOSS_CHUNKS, /* chunked loss: the hidden states' chunk copies and their fp32 gradient sum */
+  BUF_HEAD_DW,     /* chunked loss: the head's unsharded gradient summed over the chunks (FSDP) */
   BUF_ACT_MTP_IN,  /* an MTP module's input side, saved (schedule_mtp.c) */
   BUF_RC_MTP_IN,   /* ... recomputed under full AC */
   BUF_F8_HELD,     /* Transformer Engine's float8 weight copies (mp_fp8_te_weight_copy_bytes) */

@@ -31,6 +31,7 @@ typedef struct mp_plan_setup {
                               (--no-async-tp): off on every stack; 0: each stack's default */
   mp_moe_routing moe_routing; /* --moe-imbalance, --moe-capacity-factor: every candidate's */
   mp_moe_dispatcher moe_dispatcher; /* --moe-dispatcher: every candidate's, on megatron stacks */
+  int loss_chunks;         /* --loss-chunks: every candidate's, on torchtitan stacks (0: off) */
   mp_search_fix fix;       /* --fix, --mesh, --ep, --ac, --micro-batch, --sp, --no-sp, --fp8 */
   int fp8_auto;            /* --fp8 auto: float8 searched beside bf16 where the cluster's GPU
                               has it */

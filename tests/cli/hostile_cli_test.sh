@@ -431,6 +431,15 @@ row 2 "--emit torchtitan: torchtitan v0.2.0 ships no flavor of llama2-7b" simula
 row 2 "--emit torchtitan: ac selective (the attention module) has no torchtitan v0.2.0 policy" simulate --model llama3.1-8b --gpus 8 --ac selective --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: torchtitan runs FSDP2 (fully_shard); the plan runs FSDP1's flat parameters (--fsdp-flat-params): drop it" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=8 --fsdp-flat-params --emit torchtitan --out "$d"
 row 2 "--fsdp-flat-params is PyTorch FSDP1's; the stack's memory model is not PyTorch FSDP's" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fsdp-flat-params
+# torchtitan's ChunkedLossWrapper (--loss-chunks): a count of 1 or more, dividing the rank's sequence
+# (torch._check(seq_len % num_chunks == 0)), under a torchtitan stack, with no v0.2.0 TOML key to emit
+row 2 "--loss-chunks '0': expected an integer in 1.." simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --loss-chunks 0
+row 2 "--loss-chunks '-8': expected an integer in 1.." explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --loss-chunks -8
+row 2 "loss_chunks 3 does not divide the rank's sequence of 4096 tokens" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,cp=2 --seq 8192 --loss-chunks 3
+row 2 "loss_chunks 8 is torchtitan's ChunkedLossWrapper; the megatron memory model" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --loss-chunks 8
+row 2 "--loss-chunks is torchtitan's ChunkedLossWrapper; stack megatron-core does not run it" plan --model tiny-dense --gpus 2 --stack megatron-core --loss-chunks 8 --no-db
+row 2 "--loss-chunks '0': expected an integer in 1.." plan --model tiny-dense --gpus 2 --loss-chunks 0 --no-db
+row 2 "--emit torchtitan: torchtitan v0.2.0's job config has no chunked loss" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=8 --loss-chunks 8 --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: tp=2 without sequence parallelism" simulate --model llama3.1-8b --gpus 8 --mesh dp_shard=4,tp=2 --no-sp --emit torchtitan --out "$d"
 row 2 "--emit torchtitan: ep=2 with tp x cp = 2" simulate --model qwen3-30b-a3b --gpus 8 --mesh dp_shard=4,tp=2,ep=2 --ac full --emit torchtitan --out "$d"
 row 2 "--emit megatron: ac full:2 has no Megatron-LM form" simulate --model llama3.1-8b --gpus 8 --mesh dp_replicate=8 --stack megatron-core --ac full:2 --emit megatron --out "$d"

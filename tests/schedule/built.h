@@ -66,6 +66,7 @@ struct Opts {
   int flat_params = 0;                    // FSDP1's flat parameters (mp_fsdp_options)
   int async_tp = 0;                       // torchtitan's AsyncTP (tp_comm_fused)
   int te_spec = 0;                        // Megatron-Core's TE layer spec (mp_plan_options)
+  int loss_chunks = 0;                    // torchtitan's ChunkedLossWrapper (0, 1: off)
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -109,6 +110,7 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.fsdp.flat_params = o.flat_params;
   po.tp_comm_fused = o.async_tp;
   po.te_spec = o.te_spec;
+  po.loss_chunks = o.loss_chunks;
 }
 
 // Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),
