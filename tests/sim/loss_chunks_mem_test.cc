@@ -4,7 +4,7 @@
 // cross-entropy's three fp32 [T, V] tensors, 12 T V = 25,216,155,648 bytes of logits
 // (sim_plan_test's TorchtitanLlama8bFsdp8ByteForByte). In 8 chunks the head's logits at
 // their most are 12 (T/8) V + 6 T H = 3,554,672,640 bytes (schedule/loss_chunks_test), so the
-// head is no longer the peak: the peak holds no logits, and it falls by at most the
+// peak falls outside the head and holds no logits, and it falls by at most the
 // 25,216,155,648 - 3,554,672,640 bytes the head gave up. The search's memory-first stop
 // reaches the same verdict, peak and step time.
 #include <gtest/gtest.h>
