@@ -110,7 +110,11 @@ static int dims_ok(const mp_param *prm, mp_fp8_recipe r) {
  * MXFP8 weights after the gather (shapes.fp8_param_gather_bf16, schedule_prep.c); meshplan
  * prices it under the distributed optimizer only (Megatron FSDP runs its own MXFP8 buffers:
  * megatron_fsdp/param_and_grad_buffer.py, and core_v0.16.0's arguments.py turns the shared
- * buffer off under it). */
+ * buffer off under it). Without the flag the distributed optimizer would map MXFP8 weights
+ * onto its buffer through Transformer Engine's replace_raw_data, which raises
+ * NotImplementedError for MXFP8Tensor from v2.2 through v2.18 (tensor/utils.py;
+ * cast_master_weights_to_fp8 casts MXFP8 from v2.11), so the flag's path is the one that
+ * runs. */
 static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe r) {
   if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,

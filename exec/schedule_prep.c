@@ -99,7 +99,9 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   /* MXFP8 model weights (Megatron-Core core_v0.14.0 to core_v0.16.0 with
    * reuse_grad_buf_for_mxfp8_param_ag, which Megatron-Bridge's bf16_with_mxfp8_mixed sets with
    * fp8_param_gather): MXFP8Tensors holding row-wise and column-wise codes with their E8M0
-   * scales (fp8_model_init; counted as the float8 weight's byte plus
+   * scales (fp8_model_init: TransformerEngineBaseModule.reset_parameters sets the weight
+   * quantizer's usage rowwise=True, columnwise=torch.is_grad_enabled(), module/base.py
+   * v2.8; counted as the float8 weight's byte plus
    * mp_fp8_te_weight_copy_bytes), and no bf16 parameter buffer: the buffer's param_data is
    * the gradient buffer itself, its first half viewed as bf16 under fp32 gradients
    * (param_and_grad_buffer.py _ParamAndGradBuffer.__init__, shared_buffer). The optimizer
