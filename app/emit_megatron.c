@@ -271,6 +271,11 @@ static void write_parallel(const mp_emit_plan *p, mp_emit_buf *b) {
   else if (o->fp8)
     mp_emit_printf(b, "--fp8-format hybrid\n--fp8-recipe %s\n", mp_fp8_recipe_name(o->fp8_opts.recipe));
   if (o->fp8 && o->fp8_opts.param_gather) mp_emit_printf(b, "--fp8-param-gather\n");
+  /* MXFP8 weights are priced on the shared parameter/gradient buffer's path
+   * (exec/pass_float8.c), which Megatron-Core takes under this flag (optimizer_config.py warns
+   * without it, core_v0.14.0) */
+  if (o->fp8 && o->fp8_opts.param_gather && o->fp8_opts.recipe == MP_FP8_MXFP8)
+    mp_emit_printf(b, "--reuse-grad-buf-for-mxfp8-param-ag\n");
   if (o->fp8 && o->fp8_opts.dpa) mp_emit_printf(b, "--fp8-dot-product-attention\n");
 }
 

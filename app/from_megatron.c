@@ -44,7 +44,9 @@ static const struct {
     {"--expert-tensor-parallel-size", 1, MG_MAP}, {"--micro-batch-size", 1, MG_MAP},
     {"--global-batch-size", 1, MG_MAP}, {"--recompute-granularity", 1, MG_MAP}, {"--recompute-method", 1, MG_MAP},
     {"--recompute-num-layers", 1, MG_MAP}, {"--recompute-modules", 1, MG_LIST}, {"--fp8-format", 1, MG_MAP},
-    {"--fp8-recipe", 1, MG_MAP}, {"--fp8-param-gather", 0, MG_MAP}, {"--fp8-dot-product-attention", 0, MG_MAP},
+    {"--fp8-recipe", 1, MG_MAP}, {"--fp8-param-gather", 0, MG_MAP},
+    {"--reuse-grad-buf-for-mxfp8-param-ag", 0, MG_IGNORE}, /* the path --fp8-param-gather's MXFP8 is priced on */
+    {"--fp8-dot-product-attention", 0, MG_MAP},
     {"--attention-backend", 1, MG_MAP}, {"--transformer-impl", 1, MG_MAP},
     {"--group-query-attention", 0, MG_MAP}, {"--swiglu", 0, MG_MAP}, {"--disable-bias-linear", 0, MG_MAP},
     {"--add-qkv-bias", 0, MG_MAP}, {"--qk-layernorm", 0, MG_MAP},

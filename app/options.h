@@ -140,7 +140,9 @@
   { "--fp8-param-gather", NULL, "Megatron-Core's option of that name (with --fp8 on a megatron "     \
     "stack, the distributed optimizer or Megatron FSDP): the float8 Linears' weights kept in "      \
     "float8 (1 byte at rest, in the parameter all-gather; no per-step weight cast), refreshed from " \
-    "the fp32 masters after each step; delayed, tensorwise or blockwise", NULL },                   \
+    "the fp32 masters after each step; delayed, tensorwise or blockwise; with mxfp8 (distributed " \
+    "optimizer) the weights kept as MXFP8, gathered in bf16 through the gradient buffer and "       \
+    "quantized after the gather", NULL },                   \
   { "--nvfp4-no-rht", NULL, "with --fp8 nvfp4: Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1, no "   \
     "random Hadamard transform on the weight-gradient GEMM's operands (each cast writes both "      \
     "copies in one kernel), as the MLPerf v5.1 NVFP4 configs run", NULL },                          \

@@ -102,9 +102,19 @@ static int dims_ok(const mp_param *prm, mp_fp8_recipe r) {
  * ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
  * fsdp"); under the delayed, current (tensorwise) and blockwise recipes, whose weights
  * Transformer Engine's cast_master_weights_to_fp8 refreshes from the masters
- * (transformer_engine/pytorch/tensor/utils.py, v2.6). MXFP8 weights are refused: that
- * function raises NotImplementedError for them, and core_v0.14.0 gathers MXFP8 weights in
- * bf16 through a buffer shared with the gradients (param_and_grad_buffer.py). */
+ * (transformer_engine/pytorch/tensor/utils.py, v2.6). MXFP8 weights take another path, the
+ * one Megatron-Bridge's bf16_with_mxfp8_mixed turns on with reuse_grad_buf_for_mxfp8_param_ag
+ * (megatron/core/distributed/param_and_grad_buffer.py and distrib_optimizer.py
+ * _copy_main_params_to_param_buffer, core_v0.14.0 to core_v0.16.0): the masters copied to
+ * bf16 into a buffer shared with the gradients, gathered in bf16, and quantized into the
+ * MXFP8 weights after the gather (shapes.fp8_param_gather_bf16, schedule_prep.c); meshplan
+ * prices it under the distributed optimizer only (Megatron FSDP runs its own MXFP8 buffers:
+ * megatron_fsdp/param_and_grad_buffer.py, and core_v0.16.0's arguments.py turns the shared
+ * buffer off under it). Without the flag the distributed optimizer would map MXFP8 weights
+ * onto its buffer through Transformer Engine's replace_raw_data, which raises
+ * NotImplementedError for MXFP8Tensor from v2.2 through v2.18 (tensor/utils.py;
+ * cast_master_weights_to_fp8 casts MXFP8 from v2.11), so the flag's path is the one that
+ * runs. */
 static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe r) {
   if (p->opts.mem_model != MP_MEM_MODEL_MEGATRON)
     return mp_error(ctx, MP_ERR_INVALID,
@@ -116,15 +126,16 @@ static mp_status param_gather_check(mp_ctx *ctx, const mp_plan *p, mp_fp8_recipe
                     "--fp8-param-gather with the nvfp4 recipe: Megatron-Core keeps NVFP4 model weights "
                     "under its own --fp4-param-gather, which meshplan does not price; drop "
                     "--fp8-param-gather");
-  if (r == MP_FP8_MXFP8)
-    return mp_error(ctx, MP_ERR_INVALID,
-                    "--fp8-param-gather with the mxfp8 recipe: Transformer Engine's "
-                    "cast_master_weights_to_fp8 does not cast MXFP8 weights and Megatron-Core gathers "
-                    "them in bf16; choose delayed, tensorwise or blockwise, or drop --fp8-param-gather");
   if (p->opts.dp == MP_DP_DDP && !p->opts.ddp.shard_optimizer)
     return mp_error(ctx, MP_ERR_INVALID,
                     "--fp8-param-gather is only supported with the distributed optimizer or Megatron "
                     "FSDP (Megatron-Core's arguments.py); turn on the distributed optimizer or drop it");
+  if (r == MP_FP8_MXFP8 && mp_plan_is_megatron_fsdp(p))
+    return mp_error(ctx, MP_ERR_INVALID,
+                    "--fp8-param-gather with the mxfp8 recipe is priced under the distributed optimizer "
+                    "(MXFP8 weights gathered in bf16 through the gradient buffer, "
+                    "reuse_grad_buf_for_mxfp8_param_ag); Megatron FSDP's MXFP8 buffers are not priced: "
+                    "use dp_replicate with the distributed optimizer, or drop --fp8-param-gather");
   return MP_OK;
 }
 
@@ -209,6 +220,8 @@ mp_status mp_apply_float8(mp_ctx *ctx, mp_plan *p, const mp_float8_options *o) {
                : o->scope == MP_FP8_SCOPE_ALL ? "shared_expert, router, output and embeddings"
                                               : "experts, shared_expert, router, output and embeddings",
                o->all_gather    ? "; FSDP all-gathers float8 weights"
+               : o->param_gather && o->recipe == MP_FP8_MXFP8
+                   ? "; MXFP8 model weights, gathered in bf16 through the gradient buffer (--fp8-param-gather)"
                : o->param_gather ? "; float8 model weights, gathered in float8 (--fp8-param-gather)"
                : o->recipe == MP_FP8_NVFP4 && o->nvfp4_no_rht ? "; no random Hadamard transform (NVTE_NVFP4_DISABLE_RHT)"
                                  : "");

@@ -59,7 +59,9 @@ typedef struct mp_float8_options {
   int param_gather; /* Megatron-Core's --fp8-param-gather (megatron memory model): the float8
                        Linears' model weights kept as Transformer Engine float8 tensors
                        (fp8_model_init), 1 byte at rest and in the distributed optimizer's or
-                       Megatron FSDP's parameter all-gather; the fp32 main weights stay */
+                       Megatron FSDP's parameter all-gather; the fp32 main weights stay. MXFP8
+                       weights (the distributed optimizer) are gathered in bf16 through the
+                       gradient buffer and quantized after the gather (exec/schedule_prep.c) */
   int nvfp4_no_rht; /* NVFP4 without the random Hadamard transform on the weight-gradient
                        GEMM's operands (Transformer Engine's NVTE_NVFP4_DISABLE_RHT=1,
                        recipe NVFP4BlockScaling.disable_rht): their column-wise copies quantized

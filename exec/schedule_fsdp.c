@@ -134,7 +134,9 @@ void mp_sched_gather_wait(gen *g, const int32_t dep[2], const uint8_t flags[2], 
 static int32_t dopt_gather_op(gen *g, mp_group grp, int64_t numel, int64_t f8, int32_t layer, int32_t unit0,
                               int32_t after, int32_t *patch, int *n_patch) {
   /* --fp8-param-gather: the f8 float8 weights' elements travel in their 1 byte (the param
-   * buffer holds their raw float8 data: param_and_grad_buffer.py, modify_underlying_storage) */
+   * buffer holds their raw float8 data: param_and_grad_buffer.py, modify_underlying_storage);
+   * MXFP8's in bf16 through the gradient buffer (fp8_param_gather_bf16) */
+  if (g->sh.fp8_param_gather_bf16) f8 = 0;
   const double bytes = (double)(numel - f8) * mp_dtype_bytes(g->param_dtype) + (double)f8;
   const int32_t i = comm(g, MP_COLL_ALL_GATHER, grp, MP_STREAM_GATHER, bytes, g->param_dtype, -1);
   if (i >= 0) {

@@ -116,7 +116,9 @@ typedef struct unit_info {
                           reduced over MP_GROUP_EDP (mp_plan_ddp_experts_apart) */
   double gather_bytes; /* numel_tp in the gather dtype (float8 all-gather: 1 byte) */
   int64_t numel_f8;    /* --fp8-param-gather: its float8 weights' part of numel_tp (1 byte
-                          each at rest and gathered), of numel_expert, and of the rank's */
+                          each at rest and gathered), of numel_expert, and of the rank's;
+                          under fp8_param_gather_bf16 numel_f8_local alone (at rest);
+                          prm_f8 marks the float8 weights' own buffer either way */
   int64_t numel_f8_expert, numel_f8_local; /* elements at rest */
   int32_t n_f8;        /* its float8 weight tensors */
   int64_t f8_held_bytes; /* Transformer Engine's float8 copies of its float8 weights
@@ -220,6 +222,9 @@ typedef struct shapes {
   int fp8_all_gather;       /* FSDP all-gathers float8 weights */
   int fp8_param_gather;     /* Megatron-Core's --fp8-param-gather: the float8 Linears' model
                                weights are Transformer Engine float8 tensors (exec/plan.h) */
+  int fp8_param_gather_bf16; /* --fp8-param-gather under MXFP8: the weights gathered in bf16
+                               through the gradient buffer and quantized after the gather,
+                               once a step, as a bf16 weight's workspace is (schedule_prep.c) */
   int fp8_tp_codes;         /* float8 with tp > 1: a TP region's input cast before its
                                all-gather and its output gradient before the backward's
                                (torchao's float8 TP under the tensorwise recipe, Transformer

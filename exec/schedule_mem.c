@@ -142,6 +142,11 @@ static void autograd_resident(gen *g, const mp_schedule_prep *pr) {
    * tensors, 1 byte an element where the model dtype's are 2 (DDP's whole copy, Megatron
    * FSDP's shard); their scales (an fp32 a tensor) are left out */
   param_bytes -= f8_of(pr).local * (mp_dtype_bytes(g->param_dtype) - 1);
+  /* MXFP8's (fp8_param_gather_bf16): the bf16 parameters' buffer stays allocated while
+   * reuse_grad_buf_for_mxfp8_param_ag leaves them on their own storage (param_and_grad_buffer.py
+   * _ParamAndGradBuffer.__init__, core_v0.14.0 to core_v0.16.0): their model dtype twice */
+  if (g->sh.fp8_param_gather_bf16 && g->ddp)
+    param_bytes += (pr->params_numel - f8_of(pr).local) * mp_dtype_bytes(g->param_dtype);
   mp_sched_resident(g, MP_MEM_PARAMS, BUF_PARAMS, param_bytes);
   mp_sched_resident(g, MP_MEM_OPTIMIZER, BUF_OPTIMIZER, optimizer_bytes);
   mp_sched_resident(g, MP_MEM_GRADS, BUF_GRADS, grad_bytes);
@@ -200,7 +205,17 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
   }
   f8_held_free(g);
   const f8_weights f8 = f8_of(pr);
-  if (f8.local > 0 && (g->ddp || mfsdp)) {
+  if (g->sh.fp8_param_gather_bf16 && g->ddp && f8.local > 0) {
+    /* MXFP8 weights gathered in bf16 through the gradient buffer: after the gather each
+     * bucket's weights are copied out of it (the float8 ones quantized: the forward's
+     * once-a-step cast) and its bf16 view zeroed for the gradients (bucket.param_data.zero_(),
+     * param_and_grad_buffer.py finish_param_sync, core_v0.14.0): the bf16 weights read and
+     * written, the whole view written */
+    const double n = (double)pr->params_numel, pb = mp_dtype_bytes(g->param_dtype);
+    compute(g, MP_KERNEL_COPY, MP_VAR_FWD, -1, pr->params_numel, 0, 0, 1, 0.0,
+            pb * n + 2.0 * pb * (n - (double)f8.local), MP_DTYPE_FP32);
+  }
+  if (f8.local > 0 && !g->sh.fp8_param_gather_bf16 && (g->ddp || mfsdp)) {
     /* the float8 weights' part of the shard (the distributed optimizer cuts the buffer
      * evenly, so its share of the rank's 1/d) refreshed from the masters */
     const int64_t f8_shard = g->ddp ? (int64_t)((double)f8.local * shard / (double)pr->params_numel) : f8.local;

@@ -355,11 +355,13 @@ void mp_sched_linear_fwd(gen *g, int module, double m, int64_t out, int64_t in, 
      * by a recompute); a float8 model weight (--fp8-param-gather) is not cast: its transposed
      * copy, which cast_master_weights_to_fp8 drops after each update (_reset_caches), is made
      * from it in the first micro-batch where the GPU needs one (Float8Tensor's _transpose,
-     * transformer_engine/pytorch/tensor/float8_tensor.py v2.6), none where it does not */
+     * transformer_engine/pytorch/tensor/float8_tensor.py v2.6), none where it does not; an
+     * MXFP8 model weight is quantized, both usages, from the bf16 it is gathered in
+     * (fp8_param_gather_bf16): the bf16 weight's cast, once a step */
     const int copies = g->sh.fp8_te_copies;
     if (g->phase != MP_PHASE_RECOMPUTE) {
       int32_t i = -1;
-      if (!g->sh.fp8_param_gather)
+      if (!g->sh.fp8_param_gather || g->sh.fp8_param_gather_bf16)
         i = cast_op(g, module, w, MP_VAR_FWD, copies, 1);
       else if (copies > 1)
         i = transpose8(g, module, w, MP_VAR_FWD);

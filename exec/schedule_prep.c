@@ -96,6 +96,25 @@ static void read_fp8_shapes(const mp_plan *p, shapes *sh) {
   const int per_tensor = sh->fp8_recipe == MP_FP8_DELAYED || sh->fp8_recipe == MP_FP8_TENSORWISE;
   sh->fp8_te_copies = per_tensor && mp_fp8_gemm_any_layout(p->opts.fp8_opts.gpu_cc) ? 1 : 2;
   sh->fp8_param_gather = sh->fp8_te && p->opts.fp8_opts.param_gather;
+  /* MXFP8 model weights (Megatron-Core core_v0.14.0 to core_v0.16.0 with
+   * reuse_grad_buf_for_mxfp8_param_ag, which Megatron-Bridge's bf16_with_mxfp8_mixed sets with
+   * fp8_param_gather): MXFP8Tensors holding row-wise and column-wise codes with their E8M0
+   * scales (fp8_model_init: TransformerEngineBaseModule.reset_parameters sets the weight
+   * quantizer's usage rowwise=True, columnwise=torch.is_grad_enabled(), module/base.py
+   * v2.8; counted as the float8 weight's byte plus
+   * mp_fp8_te_weight_copy_bytes), and no bf16 parameter buffer: the buffer's param_data is
+   * the gradient buffer itself, its first half viewed as bf16 under fp32 gradients
+   * (param_and_grad_buffer.py _ParamAndGradBuffer.__init__, shared_buffer). The optimizer
+   * copies the fp32 masters into its shard in bf16 (distrib_optimizer.py
+   * _copy_main_params_to_param_buffer, not cast_master_weights_to_fp8), the all-gather moves
+   * bf16, and each bucket's weights are quantized from it after the gather
+   * (param.data.copy_(param_slice), finish_param_sync, or start_param_sync without overlap
+   * in distributed_data_parallel.py), then the bucket's bf16 view zeroed for the gradients.
+   * The float8 weights still form a buffer of their own (DDP groups parameters by
+   * (param_dtype, grad_dtype), a QuantizedTensor's uint8: distributed_data_parallel.py
+   * _allocate_buffers_for_parameters); the bf16 one keeps its bf16 parameter buffer but the
+   * flag leaves its parameters off it, so they hold their own storage beside it */
+  sh->fp8_param_gather_bf16 = sh->fp8_param_gather && sh->fp8_recipe == MP_FP8_MXFP8;
   sh->f8_held_per_step = sh->fp8_te && mp_fp8_te_copy_per_step(sh->fp8_recipe, sh->fp8_param_gather);
   /* Megatron FSDP (optim_grads_params, keep_fp8_transpose_cache False, its default) drops
    * each float8 model weight's transpose after its module's forward and backward
@@ -307,11 +326,12 @@ static void add_param(gen *g, const mp_param *prm, unit_info *ui, int gs, int gi
   if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_expert += n;
   ui->numel_shard += mp_param_padded_shard_numel(prm, gs);
   mp_sched_rt_add_param(rest, ui, prm, gs, local, n);
-  const int f8 = (g->sh.fp8_all_gather || g->sh.fp8_param_gather) && prm->float8;
+  /* gathered in float8: torchtitan's float8 all-gather, Megatron-Core's float8 weights but MXFP8's */
+  const int f8 = (g->sh.fp8_all_gather || (g->sh.fp8_param_gather && !g->sh.fp8_param_gather_bf16)) && prm->float8;
   ui->gather_bytes += (double)n * (f8 ? 1 : mp_dtype_bytes(g->param_dtype));
-  if (g->sh.fp8_param_gather && prm->float8) {
+  if (g->sh.fp8_param_gather && prm->float8) ui->numel_f8_local += local;
+  if (g->sh.fp8_param_gather && f8) {
     ui->numel_f8 += n;
-    ui->numel_f8_local += local;
     ui->n_f8++;
     if (!g->has_fsdp && prm->is_expert && mp_plan_ddp_experts_apart(g->p)) ui->numel_f8_expert += n;
   }

@@ -305,6 +305,11 @@ check("--fp8-recipe tensorwise\n--fp8-param-gather\n" in text, "--fp8-param-gath
 bare = " ".join(body(text).split()).replace("--fp8-format hybrid --fp8-recipe tensorwise", "")
 p = run("simulate", "--gpus", "8", "--from-args", bare, want_rc=2)
 check("--fp8-param-gather without --fp8-format" in p.stderr, "--fp8-param-gather read without float8: " + p.stderr)
+# with mxfp8 the shared parameter/gradient buffer's flag beside it, read back to the same step
+text = round_trip("megatron", "8", ("--gpu", "b200", "--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack",
+                                    "megatron-core", "--fp8", "mxfp8", "--fp8-param-gather"), ("--gpu", "b200"))
+check(text is not None and "--fp8-param-gather\n--reuse-grad-buf-for-mxfp8-param-ag\n" in text,
+      "--reuse-grad-buf-for-mxfp8-param-ag not written with mxfp8: " + str(text))
 
 # --fp8-dpa written as Megatron-Core's --fp8-dot-product-attention and read back to the same
 # step; read without a float8 format it is refused (Transformer Engine's float8 attention runs

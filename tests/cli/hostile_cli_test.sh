@@ -279,11 +279,11 @@ row 2 "fsdp_flat_params 1 is PyTorch FSDP1's, which runs on a torchtitan stack: 
 row 2 "--fp8-all-gather is torchtitan's enable_fsdp_float8_all_gather (FSDP2 with torchao's float8); stack megatron-core does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fp8 --fp8-all-gather
 row 2 "--fp8-all-gather gathers the float8 Linears' weights as float8 casts and needs them: add --fp8" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --fp8-all-gather
 row 2 "float8 all-gather casts each weight shard with one per-tensor scale before FSDP gathers it (torchao); recipe rowwise scales otherwise" simulate --model tiny-dense --gpus 4 --mesh dp_shard=2,tp=2 --fp8 rowwise --fp8-all-gather
-# --fp8-param-gather: Megatron-Core's, with float8, the distributed optimizer and a recipe whose weights TE casts
+# --fp8-param-gather: Megatron-Core's, with float8 and the distributed optimizer (mxfp8 not under Megatron FSDP)
 row 2 "--fp8-param-gather keeps Megatron-Core's weights as Transformer Engine float8 tensors; stack torchtitan-compile does not run it" simulate --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack torchtitan-compile --fp8 --fp8-param-gather
 row 2 "--fp8-param-gather keeps the float8 Linears' weights in float8 and needs them: add --fp8" plan --no-db --model tiny-dense --gpus 2 --stack megatron-core --fp8 off --fp8-param-gather
 row 2 "--fp8-param-gather is only supported with the distributed optimizer or Megatron FSDP" simulate --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-lm --fp8 --fp8-param-gather
-row 2 "--fp8-param-gather with the mxfp8 recipe: Transformer Engine's cast_master_weights_to_fp8 does not cast MXFP8 weights" explain --model tiny-dense --gpus 2 --mesh dp_replicate=2 --stack megatron-core --fp8 mxfp8 --fp8-param-gather
+row 2 "--fp8-param-gather with the mxfp8 recipe is priced under the distributed optimizer" explain --model tiny-dense --gpus 2 --mesh dp_shard=2 --stack megatron-core --fp8 mxfp8 --fp8-param-gather
 row 2 "mfsdp_strategy 'zero3': expected optim_grads_params, optim_grads, optim or no_shard" validate "$d/mfsdp_bad.csv"
 row 2 "--data-parallel-sharding-strategy 'zero3': choose optim_grads_params, optim_grads, optim or no_shard" simulate --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy zero3
 row 2 "Megatron FSDP's no_shard shards nothing, as Megatron's DDP does: use dp_replicate=8 instead of dp_shard=8" explain --model tiny-dense --gpus 8 --mesh dp_shard=8 --stack megatron-core --data-parallel-sharding-strategy no_shard

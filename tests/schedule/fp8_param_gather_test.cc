@@ -2,7 +2,8 @@
 // weights), against hand counts on Llama 3.1 8B: the bytes of the distributed optimizer's and
 // Megatron FSDP's parameter all-gathers, the model weights at rest, the per-step weight cast it
 // replaces by a transposed copy, the masters' cast into the float8 weights after the step
-// (transformer_engine/pytorch/tensor/utils.py cast_master_weights_to_fp8) and the refusals.
+// (transformer_engine/pytorch/tensor/utils.py cast_master_weights_to_fp8), MXFP8 weights gathered
+// in bf16 and quantized after the gather, and the refusals.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -147,16 +148,80 @@ TEST(Fp8ParamGather, MasterCastAfterStep) {
     EXPECT_FALSE(x.op->phase == MP_PHASE_OPTIMIZER && x.op->kernel == MP_KERNEL_FP8_CAST && x.op->type == MP_OP_COMPUTE);
 }
 
+// MXFP8 weights (Megatron-Core core_v0.14.0 with reuse_grad_buf_for_mxfp8_param_ag, as
+// Megatron-Bridge's bf16_with_mxfp8_mixed sets it) on a B200 (compute capability 10.0): the
+// same plan without and with the option.
+void BuildMx(Built *off, Built *on) {
+  Opts a = Dopt(0, MP_FP8_MXFP8), b = Dopt(1, MP_FP8_MXFP8);
+  a.gpu_cc = b.gpu_cc = 100;
+  sched_test::Build(off, a);
+  sched_test::Build(on, b);
+}
+
+// Bytes held a float8 element: without the option the bf16 weight (2) and Transformer
+// Engine's cached workspace, row-wise and column-wise codes (1 + 1) with an E8M0 scale per 32
+// each way (every dim a multiple of 128, so no padding: 2/32 = 1/16 byte); with it the MXFP8
+// weight alone, its row-wise code counted with the parameters (1) and its column-wise code
+// and both scales with the float8 copies (1 + 1/16): 2 bytes an element saved,
+// 13,958,643,712 on the rank. The other 1,050,939,392 (embedding, output, norms) keep their
+// own bf16 storage beside their buffer's bf16 param_data, which the flag leaves allocated (2
+// more bytes each: 2,101,878,784), so the parameters shrink by 6,979,321,856 - 2,101,878,784.
+// The gather still moves bf16 through the gradient buffer (param_and_grad_buffer.py
+// shared_buffer), 2 x 218,112,000 bytes a layer, and the gradient buffer and optimizer state
+// do not change.
+TEST(Fp8ParamGatherMx, HeldAndGathered) {
+  Built off, on;
+  BuildMx(&off, &on);
+  EXPECT_EQ(off.s->resident_bytes[MP_MEM_PARAMS] - on.s->resident_bytes[MP_MEM_PARAMS],
+            kF8All - 2 * (kParams - kF8All));
+  EXPECT_EQ(off.s->resident_bytes[MP_MEM_FP8], 2 * kF8All + kF8All / 16);
+  EXPECT_EQ(on.s->resident_bytes[MP_MEM_FP8], kF8All + kF8All / 16);
+  EXPECT_EQ(off.s->resident_bytes[MP_MEM_GRADS], on.s->resident_bytes[MP_MEM_GRADS]);
+  EXPECT_EQ(off.s->resident_bytes[MP_MEM_OPTIMIZER], on.s->resident_bytes[MP_MEM_OPTIMIZER]);
+  const std::vector<double> a = LayerGathers(off.s), b = LayerGathers(on.s);
+  ASSERT_EQ(b.size(), (size_t)kLayers);
+  for (size_t i = 0; i < b.size(); i++) {
+    EXPECT_EQ(a[i], 2.0 * kBlock);
+    EXPECT_EQ(b[i], 2.0 * kBlock);
+  }
+}
+
+// Quantized once a step, from bf16, into both usages: the same first-micro-batch casts as
+// the bf16 weight's workspace (read 2, write 1 + 1 and the scales' 1/16), none in the
+// optimizer (no cast_master_weights_to_fp8: the masters are copied to bf16, 4 + 2 bytes over
+// the shard as without the option). After the gather the buffer's bf16 view is zeroed (2
+// bytes an element of the rank's 8,030,261,248) and the bf16 weights copied out of it (read
+// and write 2: the 1,050,939,392 outside the float8 Linears).
+TEST(Fp8ParamGatherMx, QuantizedOnceAfterGather) {
+  Built off, on;
+  BuildMx(&off, &on);
+  double cast[2] = {0, 0}, copy_gain = 0;
+  int opt_casts = 0;
+  for (int k = 0; k < 2; k++)
+    for (const Inst &x : sched_test::Expand(k ? on.s : off.s)) {
+      if (x.op->type != MP_OP_COMPUTE) continue;
+      if (x.op->kernel == MP_KERNEL_FP8_CAST && x.op->phase == MP_PHASE_FORWARD && x.op->when == MP_WHEN_FIRST_MICRO)
+        cast[k] += x.op->bytes;
+      if (x.op->kernel == MP_KERNEL_FP8_CAST && x.op->phase == MP_PHASE_OPTIMIZER) opt_casts++;
+      if (x.op->kernel == MP_KERNEL_COPY && x.op->phase == MP_PHASE_OPTIMIZER) copy_gain += (k ? 1 : -1) * x.op->bytes;
+    }
+  EXPECT_EQ(cast[0], 4.0 * kF8All + kF8All / 16);
+  EXPECT_EQ(cast[1], cast[0]);
+  EXPECT_EQ(opt_casts, 0);
+  EXPECT_EQ(copy_gain, 2.0 * kParams + 4.0 * (kParams - kF8All));
+}
+
 // Refused by name: what Megatron-Core refuses (no distributed optimizer: arguments.py), MXFP8
-// weights (cast_master_weights_to_fp8 raises NotImplementedError; Megatron gathers them in
-// bf16), and the option off Megatron's memory model.
+// weights under Megatron FSDP (its own MXFP8 buffers, not priced), and the option off
+// Megatron's memory model.
 TEST(Fp8ParamGather, Refusals) {
   const struct {
     Opts o;
     const char *says;
   } cases[] = {
       {[] { Opts o = Dopt(1); o.dist_opt = 0; return o; }(), "distributed optimizer"},
-      {Dopt(1, MP_FP8_MXFP8), "mxfp8"},
+      {[] { Opts o = Mfsdp(1, MP_FP8_MXFP8); o.gpu_cc = 100; return o; }(), "Megatron FSDP's MXFP8 buffers"},
+      {[] { Opts o = Dopt(1, MP_FP8_MXFP8); o.gpu_cc = 100; o.dist_opt = 0; return o; }(), "distributed optimizer"},
       {[] { Opts o = Dopt(1, MP_FP8_TENSORWISE); o.mem_model = MP_MEM_MODEL_TORCHTITAN; o.mesh = "dp_shard=8";
          o.dist_opt = o.dp_overlap = 0; return o; }(),
        "memory model keeps bf16 weights"},
