@@ -5,7 +5,8 @@ asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iterat
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
 tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep,
-and fp8_amax_tp 1 is --fp8-amax-tp-only, and fp8_scope is --fp8-scope;
+and fp8_amax_tp 1 is --fp8-amax-tp-only, and fp8_scope is --fp8-scope, and ce_fusion_impl te is
+--cross-entropy-fusion-impl te (7.828 GiB below native on Llama 3 8B's logits);
 each row's prediction is simulate's with the same
 options.
 
