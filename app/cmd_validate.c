@@ -34,7 +34,9 @@
  * empty or absent: p2p, its default), cp_rotate (torchtitan's context_parallel_rotate_method on
  * a torchtitan stack: allgather or alltoall; empty or absent: the stack's), moe_fp8_dispatch (1: DeepSeek-V3's float8 dispatch;
  * empty or absent: off), ce_fusion (1: Megatron-Core's --cross-entropy-loss-fusion; empty or
- * absent: off), ddp_average_in_collective (1: Megatron-LM's --ddp-average-in-collective) and
+ * absent: off), ce_fusion_impl (with ce_fusion 1, its --cross-entropy-fusion-impl: native or
+ * te; empty or absent: native), ddp_average_in_collective (1: Megatron-LM's
+ * --ddp-average-in-collective) and
  * ddp_check_grads (0: its --no-check-for-nan-in-loss-and-grad; empty or absent: the stack's,
  * and 0 under cuda_graphs iteration, which Megatron-LM runs only without the check),
  * ddp_align_param_gather (1: its --align-param-gather; empty or absent: off), ddp_bucket_size
@@ -212,6 +214,7 @@ static mp_status megatron_run_options(mp_ctx *ctx, const char *where, const mp_v
    * _set_common_perf_overrides: ddp.check_for_nan_in_grad = False). */
   const int no_check = v->ddp_check_grads == 0 || (v->ddp_check_grads < 0 && strcmp(v->cuda_graphs, "iteration") == 0);
   if ((v->ce_fusion == 1 && mp_cmd_fuse_loss(ctx, &j->prof, o) != MP_OK) ||
+      (v->ce_fusion_impl[0] && mp_cmd_ce_impl(ctx, v->ce_fusion_impl, o) != MP_OK) ||
       mp_cmd_ddp_bucket_prep(ctx, &j->prof, v->ddp_average_in_collective == 1, no_check,
                              v->ddp_align_param_gather == 1, v->ddp_bucket_size, o) != MP_OK ||
       (v->grad_accum_fusion == 0 && mp_cmd_wgrad_unfused(ctx, &j->prof, o) != MP_OK) ||

@@ -157,11 +157,16 @@ static mp_status check_batch(const reader *r, const mp_vrow *row) {
                   (long long)row->dp_shard, (long long)row->global_batch);
 }
 
-/* The optional columns of how Megatron-LM runs the step: its fused cross-entropy, its DDP's
+/* The optional columns of how Megatron-LM runs the step: its fused cross-entropy and the
+ * kernels it runs, its DDP's
  * bucket scaling, NaN check and bucket size, Megatron-Core's CUDA graphs, its EP communication
  * overlap, its NCCL communicators' CTA caps, Transformer Engine's userbuffers config. */
 static mp_status read_megatron_run(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_flag(r, "ce_fusion", &row->ce_fusion));
+  MP_CHECK(opt_str(r, "ce_fusion_impl", row->ce_fusion_impl, sizeof row->ce_fusion_impl));
+  if (row->ce_fusion_impl[0] && row->ce_fusion != 1)
+    return mp_error(r->ctx, MP_ERR_INVALID, "%s: ce_fusion_impl %s picks the kernels of the fused "
+                    "cross-entropy: state ce_fusion 1, or empty the column", r->where, row->ce_fusion_impl);
   MP_CHECK(opt_flag(r, "ddp_average_in_collective", &row->ddp_average_in_collective));
   MP_CHECK(opt_flag(r, "ddp_check_grads", &row->ddp_check_grads));
   MP_CHECK(opt_flag(r, "ddp_align_param_gather", &row->ddp_align_param_gather));

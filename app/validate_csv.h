@@ -125,6 +125,9 @@ typedef struct mp_vrow {
                                 absent or empty: the stack's, fp32 */
   int ce_fusion;        /* 0 or 1: Megatron-Core's --cross-entropy-loss-fusion (exec/plan.h,
                            MP_LOSS_INPLACE_FUSED); -1 when the column is absent or empty: off */
+  char ce_fusion_impl[8]; /* native or te as written: Megatron-Core's --cross-entropy-fusion-impl
+                             with ce_fusion 1 (exec/plan.h, MP_LOSS_TE); "" when absent or
+                             empty: native */
   int ddp_average_in_collective, ddp_check_grads; /* 0 or 1: Megatron-LM's
                            --ddp-average-in-collective, and whether its DDP checks each bucket's
                            norm; -1 when absent or empty: the stack's (exec/plan.h,

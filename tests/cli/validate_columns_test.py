@@ -5,7 +5,8 @@ asserts --no-check-for-nan-in-loss-and-grad under --cuda-graph-scope full_iterat
 overlap_moe_comm 1 is simulate's --overlap-moe-comm, and recompute_modules split by '/' (NeMo
 2.0's spelling) is the list split by spaces, and Megatron-Bridge's fp8_cs, fp8_mx and fp8_sc name
 tensorwise, mxfp8 and blockwise, cp_rotate is simulate's --cp-rotate, and moe_dispatcher hybridep is --moe-dispatcher hybridep,
-and fp8_amax_tp 1 is --fp8-amax-tp-only, and fp8_scope is --fp8-scope;
+and fp8_amax_tp 1 is --fp8-amax-tp-only, and fp8_scope is --fp8-scope, and ce_fusion_impl te is
+--cross-entropy-fusion-impl te (7.828 GiB below native on Llama 3 8B's logits);
 each row's prediction is simulate's with the same
 options.
 
@@ -300,6 +301,43 @@ with open(path, "w") as f:
     f.write(SCOPE_HDR + "\n" + SCOPE.format("sc_bf16", "0", "", "all") + "\n")
 p = run("validate", path, "--json", want_rc=2)
 check("fp8_scope all" in p.stderr and "fp8 1" in p.stderr, f"fp8_scope without fp8: {p.stderr}")
+
+# ---- ce_fusion_impl te: Transformer Engine's cross-entropy, the fp32 softmax not kept ----
+# Llama 3 8B on 8 B200s (dp_replicate 8, seq 8192, micro-batch 2: T = 16,384 rows of V =
+# 128,256 logits), peak memory. Megatron-Core's native fused cross-entropy keeps the bf16
+# logits (2 bytes an element) and the fp32 softmax it saves for backward (4); Transformer
+# Engine's writes the gradient over the bf16 logits and keeps nothing else (2). The peak is at
+# the loss, so te lowers it by 4 x 16,384 x 128,256 = 8,405,385,216 bytes = 7.828 GiB.
+CE_HDR = ("case,source,model,gpus,gpu,gpus_per_node,inter_node_gbps_per_gpu,dp_replicate,dp_shard,tp,pp,"
+          "pp_schedule,pp_virtual,cp,ep,seq,local_batch,micro_batch,global_batch,ac,fp8,sp,async_tp,stack,metric,"
+          "value,notes,ce_fusion,ce_fusion_impl")
+CE = "{0},test,llama3-8b,8,b200,8,400,8,1,1,1,,,1,1,8192,16,2,128,none,0,0,,megatron-core,"\
+     "peak_mem_gib,100,test,{1},{2}"
+path = os.path.join(tmp, "ce.csv")
+with open(path, "w") as f:
+    f.write(CE_HDR + "\n" + "\n".join([CE.format("ce_te", "1", "te"), CE.format("ce_native", "1", "native"),
+                                         CE.format("ce_empty", "1", "")]) + "\n")
+p = run("validate", path, "--json")
+if p.returncode == 0:
+    rows = {r["case"]: r.get("predicted") for r in json.loads(p.stdout)["rows"]}
+    q = run("simulate", *SIM_DENSE, "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te", "--json")
+    d = json.loads(q.stdout) if q.returncode == 0 else None  # validate's peak leaves the 3 GiB runtime out
+    want_te = (d["peak_mem_bytes"] - 3 * 2**30) / 2**30 if d else None
+    check(same(rows["ce_te"], want_te), f"ce_fusion_impl te: {rows['ce_te']} GiB, want simulate's {want_te}")
+    check(same(rows["ce_native"], rows["ce_empty"]), f"ce_fusion_impl native is empty's: {rows}")
+    check(rows["ce_native"] is not None and rows["ce_te"] is not None and
+          abs((rows["ce_native"] - rows["ce_te"]) - 8405385216 / 2**30) < 1e-6,
+          f"te spares the fp32 softmax, 7.828 GiB: {rows}")
+else:
+    check(False, f"validate of the ce_fusion_impl rows: {p.stderr}")
+with open(path, "w") as f:
+    f.write(CE_HDR + "\n" + CE.format("ce_nofuse", "", "te") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("ce_fusion_impl te" in p.stderr and "ce_fusion 1" in p.stderr, f"ce_fusion_impl without ce_fusion: {p.stderr}")
+with open(path, "w") as f:
+    f.write(CE_HDR + "\n" + CE.format("ce_bad", "1", "triton") + "\n")
+p = run("validate", path, "--json", want_rc=2)
+check("native or te" in p.stderr, f"ce_fusion_impl triton: {p.stderr}")
 
 for f in fails:
     print("FAIL:", f)
