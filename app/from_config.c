@@ -84,6 +84,13 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
     return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
                     "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
   if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  if (p->recompute_method[0] && is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not Megatron-Core's recompute "
+                    "method (--recompute-method %s); use meshplan simulate --from or explain --from", p->recompute_method);
+  if (p->recompute_method[0]) {
+    add(f, "--recompute-method", "%s", p->recompute_method);
+    add(f, "--recompute-num-layers", "%d", p->recompute_num_layers);
+  }
   MP_CHECK(offload_flag(ctx, p, is_plan, f));
   if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);

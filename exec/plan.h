@@ -132,6 +132,21 @@ typedef enum mp_tp_style {
  *                   Megatron-LM's --recompute-num-layers N (the first N blocks of each
  *                   stage): spread evenly, the recompute costs every pipeline stage and
  *                   every micro-batch the same, so the stages stay balanced */
+/* Megatron-Core's --recompute-method under full AC (--recompute-granularity full), applied per
+ * model chunk, a TransformerBlock of num_layers_per_pipeline_rank = len(self.layers) layers
+ * (megatron/core/transformer/transformer_block.py _checkpointed_forward, core_v0.14.0):
+ *   BLOCK    the chunk's first recompute_num_layers layers each checkpointed at its input,
+ *            the rest keeping everything (a count past the chunk's layers recomputes them all)
+ *   UNIFORM  the chunk's layers in groups of recompute_num_layers consecutive ones, each group
+ *            checkpointed at its input: one saved input a group, every layer recomputed, the
+ *            group's forward re-run whole before its backward (uniform 1 is meshplan's full)
+ * NONE: meshplan's full (every block, or every ac_every-th). */
+typedef enum mp_recompute_method {
+  MP_RECOMPUTE_NONE = 0,
+  MP_RECOMPUTE_BLOCK,
+  MP_RECOMPUTE_UNIFORM
+} mp_recompute_method;
+
 typedef enum mp_ac_mode {
   MP_AC_NONE = 0,
   MP_AC_SELECTIVE,
@@ -465,6 +480,9 @@ typedef struct mp_plan_options {
   mp_ac_mode ac;
   int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
                             (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
+  mp_recompute_method recompute_method; /* FULL under the megatron memory model: Megatron-Core's
+                            --recompute-method (mp_recompute_method); NONE: every block */
+  int recompute_num_layers; /* with recompute_method: --recompute-num-layers, >= 1 */
   int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms, residuals and
                             dropout on [T/tp, H], all-gather before and reduce-scatter after each TP
                             region. 1 on, 0 off (the all-reduce form), -1 (default): on when tp > 1 under
@@ -883,8 +901,18 @@ void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap);
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
 /* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to
  * blocks l with (l + 1) % N == 0 (torchtitan counts its wrapped blocks from 1), the others
- * save everything (NONE). */
-mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer);
+ * save everything (NONE); FULL under the block recompute method to the first
+ * recompute_num_layers blocks of each model chunk, the others NONE. A layer outside every
+ * chunk's trunk (an MTP module) runs the plan's policy. */
+mp_ac_mode mp_plan_layer_ac(const mp_plan *p, int64_t layer);
+/* Under the uniform recompute method, the checkpointed group holding `layer`: its first layer
+ * into *first and its size into *n, returning 1; 0 (nothing set) for any other method or a
+ * layer outside every chunk's trunk. */
+int mp_plan_layer_rc_group(const mp_plan *p, int64_t layer, int64_t *first, int64_t *n);
+/* "block", "uniform" ("" for NONE); mp_recompute_method_parse takes those names (1) or
+ * returns 0 (*out untouched). */
+const char *mp_recompute_method_name(mp_recompute_method m);
+int mp_recompute_method_parse(const char *s, mp_recompute_method *out);
 /* "torchtitan", "meshplan-cpu", "meshplan-cuda", "megatron". */
 const char *mp_mem_model_name(mp_mem_model m);
 const char *mp_tp_style_name(mp_tp_style s);
