@@ -128,10 +128,11 @@ typedef enum mp_tp_style {
  *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
  *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
  *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
- *                   every N-th block (torchtitan's integer selective_ac_option). Chosen over
- *                   Megatron-LM's --recompute-num-layers N (the first N blocks of each
- *                   stage): spread evenly, the recompute costs every pipeline stage and
- *                   every micro-batch the same, so the stages stay balanced */
+ *                   every N-th block (torchtitan's integer selective_ac_option), spread
+ *                   evenly so the recompute costs every pipeline stage the same; under the
+ *                   megatron memory model Megatron-Core's recompute method instead
+ *                   (mp_recompute_method: block, the first N blocks of each model chunk;
+ *                   uniform, groups of N) */
 /* Megatron-Core's --recompute-method under full AC (--recompute-granularity full), applied per
  * model chunk, a TransformerBlock of num_layers_per_pipeline_rank = len(self.layers) layers
  * (megatron/core/transformer/transformer_block.py _checkpointed_forward, core_v0.14.0):
