@@ -148,6 +148,19 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
 
 
 
+/* Megatron-Core's recompute modules and method, where the plan states them. */
+static void recompute_json(const mp_plan_options *o, cJSON *j) {
+  if (o->recompute_modules) {
+    char rc[64];
+    mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
+    cJSON_AddStringToObject(j, "recompute_modules", rc);
+  }
+  if (o->recompute_method != MP_RECOMPUTE_NONE) {
+    cJSON_AddStringToObject(j, "recompute_method", mp_recompute_method_name(o->recompute_method));
+    cJSON_AddNumberToObject(j, "recompute_num_layers", o->recompute_num_layers);
+  }
+}
+
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
                        const mp_stack_profile *prof, const int64_t *stage_peak) {
@@ -233,19 +246,11 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (note[0]) cJSON_AddStringToObject(j, "gpu_note", note);
   cJSON_AddStringToObject(j, "mesh", ms);
   cJSON_AddStringToObject(j, "ac", ac);
-  if (o->recompute_method != MP_RECOMPUTE_NONE) {
-    cJSON_AddStringToObject(j, "recompute_method", mp_recompute_method_name(o->recompute_method));
-    cJSON_AddNumberToObject(j, "recompute_num_layers", o->recompute_num_layers);
-  }
   cJSON_AddBoolToObject(j, "fp8", o->fp8);
   if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model)));
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
-  if (o->recompute_modules) {
-    char rc[64];
-    mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
-    cJSON_AddStringToObject(j, "recompute_modules", rc);
-  }
+  recompute_json(o, j);
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
   if (o->fp8) add_fp8_weights(j, &o->fp8_opts);

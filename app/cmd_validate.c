@@ -267,6 +267,15 @@ static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow
   return MP_OK;
 }
 
+/* The row's recompute_method and recompute_num_layers (Megatron-Core's, under ac full). */
+static mp_status read_recompute_method(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_plan_options *o) {
+  if (v->recompute_method[0] && !mp_recompute_method_parse(v->recompute_method, &o->recompute_method))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: recompute_method '%s': expected block or uniform", where,
+                    v->recompute_method);
+  o->recompute_num_layers = (int)v->recompute_num_layers;
+  return MP_OK;
+}
+
 /* The plan options of a row: AC, float8, SP, the pipeline schedule, seq and batch, over
  * the stack's. */
 static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
@@ -274,10 +283,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   mp_plan_options_init(o);
   mp_stack_plan_options(&j->prof, &j->c.gpu, o);
   MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
-  if (v->recompute_method[0] && !mp_recompute_method_parse(v->recompute_method, &o->recompute_method))
-    return mp_error(ctx, MP_ERR_INVALID, "%s: recompute_method '%s': expected block or uniform", where,
-                    v->recompute_method);
-  o->recompute_num_layers = (int)v->recompute_num_layers;
+  MP_CHECK(read_recompute_method(ctx, where, v, o));
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "

@@ -38,6 +38,7 @@
 #include "exec/model.h"
 #include "exec/plan_fp8.h"
 #include "exec/plan_pp.h"
+#include "exec/plan_recompute.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -128,26 +129,8 @@ typedef enum mp_tp_style {
  *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
  *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
  *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
- *                   every N-th block (torchtitan's integer selective_ac_option), spread
- *                   evenly so the recompute costs every pipeline stage the same; under the
- *                   megatron memory model Megatron-Core's recompute method instead
- *                   (mp_recompute_method: block, the first N blocks of each model chunk;
- *                   uniform, groups of N) */
-/* Megatron-Core's --recompute-method under full AC (--recompute-granularity full), applied per
- * model chunk, a TransformerBlock of num_layers_per_pipeline_rank = len(self.layers) layers
- * (megatron/core/transformer/transformer_block.py _checkpointed_forward, core_v0.14.0):
- *   BLOCK    the chunk's first recompute_num_layers layers each checkpointed at its input,
- *            the rest keeping everything (a count past the chunk's layers recomputes them all)
- *   UNIFORM  the chunk's layers in groups of recompute_num_layers consecutive ones, each group
- *            checkpointed at its input: one saved input a group, every layer recomputed, the
- *            group's forward re-run whole before its backward (uniform 1 is meshplan's full)
- * NONE: meshplan's full (every block, or every ac_every-th). */
-typedef enum mp_recompute_method {
-  MP_RECOMPUTE_NONE = 0,
-  MP_RECOMPUTE_BLOCK,
-  MP_RECOMPUTE_UNIFORM
-} mp_recompute_method;
-
+ *                   every N-th block (torchtitan's integer selective_ac_option); under the
+ *                   megatron model, Megatron-Core's method instead (exec/plan_recompute.h) */
 typedef enum mp_ac_mode {
   MP_AC_NONE = 0,
   MP_AC_SELECTIVE,
@@ -156,21 +139,6 @@ typedef enum mp_ac_mode {
   MP_AC_FULL,
   MP_AC_COUNT
 } mp_ac_mode;
-/* Megatron-Core's recompute modules (--recompute-granularity selective --recompute-modules;
- * megatron/core/transformer/transformer_config.py, core_v0.14) beside AC none or selective-core
- * (its core_attn). layernorm, mla_up_proj and moe_act free their output once its consumer ran
- * and recompute it before its backward (CheckpointWithoutOutput); mlp, moe and shared_experts
- * checkpoint a whole module (tensor_parallel.checkpoint): its input kept, its forward re-run,
- * collectives included, before its backward. Bits of mp_plan_options.recompute_modules. */
-typedef enum mp_rc_module {
-  MP_RC_LAYERNORM = 0,  /* "layernorm": input_layernorm and pre_mlp_layernorm */
-  MP_RC_MLA_UP_PROJ,    /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
-  MP_RC_MOE_ACT,        /* "moe_act": the routed experts' SwiGLU */
-  MP_RC_MLP,            /* "mlp": a dense layer's MLP (transformer_layer.py: not a MoE layer's) */
-  MP_RC_MOE,            /* "moe": a MoE layer whole, all-to-alls included (moe/moe_layer.py) */
-  MP_RC_SHARED_EXPERTS, /* "shared_experts": a MoE layer's shared experts (moe_layer.py) */
-  MP_RC_COUNT
-} mp_rc_module;
 
 /* How the attention core runs: FLASH (FlashAttention: causal blocks skipped, the per-head
  * log-sum-exp saved instead of the score matrix) or MATERIALIZED (Megatron-LM's fused
@@ -481,8 +449,7 @@ typedef struct mp_plan_options {
   mp_ac_mode ac;
   int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
                             (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
-  mp_recompute_method recompute_method; /* FULL under the megatron memory model: Megatron-Core's
-                            --recompute-method (mp_recompute_method); NONE: every block */
+  mp_recompute_method recompute_method; /* FULL, megatron model: Megatron-Core's; NONE: every block */
   int recompute_num_layers; /* with recompute_method: --recompute-num-layers, >= 1 */
   int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms, residuals and
                             dropout on [T/tp, H], all-gather before and reduce-scatter after each TP
@@ -896,24 +863,14 @@ mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
  * shared_experts set o->recompute_modules; anything else is refused as unknown
  * (MP_ERR_INVALID). */
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o);
-/* o's recompute modules as Megatron names them, space-separated ("" for none). */
-void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap);
 /* mp_ac_parse without the block frequency: "full:N" with N > 1 is refused. */
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
-/* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to
- * blocks l with (l + 1) % N == 0 (torchtitan counts its wrapped blocks from 1), the others
- * save everything (NONE); FULL under the block recompute method to the first
- * recompute_num_layers blocks of each model chunk, the others NONE. A layer outside every
- * chunk's trunk (an MTP module) runs the plan's policy. */
+/* The policy block `layer` runs: FULL with ac_every N > 1 on blocks l with (l + 1) % N == 0
+ * (torchtitan counts from 1), under the block method on each model chunk's first
+ * recompute_num_layers blocks (an MTP module: the plan's), the others NONE. */
 mp_ac_mode mp_plan_layer_ac(const mp_plan *p, int64_t layer);
-/* Under the uniform recompute method, the checkpointed group holding `layer`: its first layer
- * into *first and its size into *n, returning 1; 0 (nothing set) for any other method or a
- * layer outside every chunk's trunk. */
+/* Under the uniform method, the group holding `layer` (its first layer, its size): 1; else 0. */
 int mp_plan_layer_rc_group(const mp_plan *p, int64_t layer, int64_t *first, int64_t *n);
-/* "block", "uniform" ("" for NONE); mp_recompute_method_parse takes those names (1) or
- * returns 0 (*out untouched). */
-const char *mp_recompute_method_name(mp_recompute_method m);
-int mp_recompute_method_parse(const char *s, mp_recompute_method *out);
 /* "torchtitan", "meshplan-cpu", "meshplan-cuda", "megatron". */
 const char *mp_mem_model_name(mp_mem_model m);
 const char *mp_tp_style_name(mp_tp_style s);
