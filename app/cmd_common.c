@@ -52,6 +52,13 @@ mp_status mp_cmd_plan_options(mp_ctx *ctx, const mp_cmd_spec *spec, mp_plan_opti
   if (ac) MP_CHECK(mp_ac_parse(ctx, ac, &o->ac, &o->ac_every));
   const char *rcm = mp_args_get(spec, "--recompute-modules");
   if (rcm) MP_CHECK(mp_recompute_modules_parse(ctx, rcm, o));
+  const char *rmethod = mp_args_get(spec, "--recompute-method");
+  if (rmethod && !mp_recompute_method_parse(rmethod, &o->recompute_method))
+    return mp_error(ctx, MP_ERR_USAGE, "meshplan %s: --recompute-method %s: choose block or uniform (Megatron-Core's)",
+                    spec->name, rmethod);
+  long long rn = 0;
+  MP_CHECK(mp_args_int(ctx, spec, "--recompute-num-layers", 1, MP_MAX_LAYERS, &rn));
+  o->recompute_num_layers = (int)rn;
   const char *fp8 = mp_args_get(spec, "--fp8");
   if (fp8) o->fp8 = strcmp(fp8, "off") != 0;
   /* a recipe's name turns float8 on with that recipe (the words are checked by the parser) */

@@ -38,6 +38,7 @@ static mp_opt k_opts[] = {
     MP_OPT_EP(""),
     MP_OPT_AC(""),
     MP_OPT_RECOMPUTE_MODULES,
+    MP_OPT_RECOMPUTE_METHOD,
     MP_OPT_FP8(""),
     MP_OPT_SP,
     MP_OPT_NO_SP,
@@ -86,7 +87,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "explain", "Show the sharding passes, parameter shapes, FSDP units and schedule of one plan.",
     "[--model M | --hf-config PATH] [--mesh SPEC] [--ep N] [--pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] "
-    "[--cp-rotate M | --cp-comm-type T] [--ac MODE] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
+    "[--cp-rotate M | --cp-comm-type T] [--ac MODE] [--recompute-modules LIST] [--recompute-method block|uniform --recompute-num-layers N] [--fp8] [--sp|--no-sp] [--param FQN] [--rank R] [--json] "
     "[--schedule] [--summary] [--cluster C | --gpus N] [--seq S] [--micro-batch B] [--global-batch G]",
     k_opts, 0};
 

@@ -56,6 +56,7 @@ static mp_opt k_opts[] = {
     MP_OPT_MOE_ROUTING,
     MP_OPT_AC(""),
     MP_OPT_RECOMPUTE_MODULES,
+    MP_OPT_RECOMPUTE_METHOD,
     MP_OPT_FP8(""),
     MP_OPT_SP,
     MP_OPT_NO_SP,
@@ -82,7 +83,7 @@ static mp_opt k_opts[] = {
 static mp_cmd_spec k_spec = {
     "simulate", "Predict step time and memory of one plan.",
     "[--model M | --hf-config PATH] [--cluster C | --gpus N [--gpu G] [--gpus-per-node K]] [--mesh SPEC] [--ep N] "
-    "[--pp N --pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--cpu-offload-layers N] [--seq S] "
+    "[--pp N --pp-schedule 1f1b|interleaved|gpipe|dualpipe|zbv|interleaved_zb [--pp-virtual V] [--pp-layers A,B,... | --pp-layout STR]] [--cp N [--cp-rotate M | --cp-comm-type T]] [--ac POLICY] [--recompute-modules LIST] [--recompute-method block|uniform --recompute-num-layers N] [--fp8] [--sp|--no-sp] [--cuda-graphs S] [--cpu-offload-layers N] [--seq S] "
     "[--micro-batch B] [--global-batch G] [--stack PROFILE] [--calibration DB] [--trace out.json] "
     "[--emit torchtitan|megatron [--out DIR]] [--from FILE | --from-args 'ARGS'] [--json]",
     k_opts, 0};
@@ -147,12 +148,28 @@ static void fmt_plan_extras(const mp_mesh *mesh, const mp_plan_options *o, char 
 
 
 
+/* Megatron-Core's recompute modules and method, where the plan states them. */
+static void recompute_json(const mp_plan_options *o, cJSON *j) {
+  if (o->recompute_modules) {
+    char rc[64];
+    mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
+    cJSON_AddStringToObject(j, "recompute_modules", rc);
+  }
+  if (o->recompute_method != MP_RECOMPUTE_NONE) {
+    cJSON_AddStringToObject(j, "recompute_method", mp_recompute_method_name(o->recompute_method));
+    cJSON_AddNumberToObject(j, "recompute_num_layers", o->recompute_num_layers);
+  }
+}
+
 static void print_text(const mp_sim_result *r, const mp_model *m, const mp_cluster *c,
                        const mp_mesh *mesh, const mp_plan_options *o,
                        const mp_stack_profile *prof, const int64_t *stage_peak) {
-  char ms[128], ac[32];
+  char ms[128], ac[64];
   mp_mesh_format(mesh, ms, sizeof ms);
   mp_ac_format(o->ac, o->ac_every, ac, sizeof ac);
+  if (o->recompute_method != MP_RECOMPUTE_NONE) /* Megatron-Core's method and count */
+    snprintf(ac + strlen(ac), sizeof ac - strlen(ac), " (recompute %s %d)",
+             mp_recompute_method_name(o->recompute_method), o->recompute_num_layers);
   const double gib = 1073741824.0;
   char more[640]; /* up to 128 stage counts of 3 digits */
   fmt_plan_extras(mesh, o, more, sizeof more);
@@ -233,11 +250,7 @@ static int print_json(const mp_sim_result *r, const mp_model *m, const mp_cluste
   if (o->fp8) cJSON_AddStringToObject(j, "fp8_recipe", mp_fp8_recipe_name(mp_fp8_recipe_of(o->fp8_opts.recipe, o->mem_model)));
   cJSON_AddBoolToObject(j, "sp", o->sp > 0);
   cJSON_AddBoolToObject(j, "async_tp", async_tp_on(mesh, o));
-  if (o->recompute_modules) {
-    char rc[64];
-    mp_recompute_modules_format(o->recompute_modules, rc, sizeof rc);
-    cJSON_AddStringToObject(j, "recompute_modules", rc);
-  }
+  recompute_json(o, j);
   if (o->moe_fp8_dispatch) cJSON_AddBoolToObject(j, "moe_fp8_dispatch", 1);
   if (o->fp8_act_cache) cJSON_AddBoolToObject(j, "fp8_act_cache", 1);
   if (o->fp8) add_fp8_weights(j, &o->fp8_opts);

@@ -43,7 +43,9 @@
  * (its --ddp-bucket-size in elements; empty or absent: one bucket a block), grad_accum_fusion
  * (0: its --no-gradient-accumulation-fusion; empty or absent: the stack's), recompute_modules
  * (Megatron-Core's recompute modules split by spaces, layernorm mla_up_proj moe_act mlp moe
- * shared_experts; empty or absent: none), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
+ * shared_experts; empty or absent: none), recompute_method and recompute_num_layers (Megatron-Core's
+ * --recompute-method block or uniform and its --recompute-num-layers under ac full; empty or
+ * absent: every layer), fp8_act_cache (1: DeepSeek-V3's float8 activation cache;
  * empty or absent: off), optimizer_moments (fp32 or bf16: AdamW's moments; empty or absent:
  * fp32), fp8_param_gather (1: Megatron-Core's --fp8-param-gather, the float8 Linears' weights
  * kept and gathered in float8; empty or absent: off), fp8_all_gather (1: torchtitan's
@@ -268,6 +270,15 @@ static mp_status read_fsdp_options(mp_ctx *ctx, const char *where, const mp_vrow
   return MP_OK;
 }
 
+/* The row's recompute_method and recompute_num_layers (Megatron-Core's, under ac full). */
+static mp_status read_recompute_method(mp_ctx *ctx, const char *where, const mp_vrow *v, mp_plan_options *o) {
+  if (v->recompute_method[0] && !mp_recompute_method_parse(v->recompute_method, &o->recompute_method))
+    return mp_error(ctx, MP_ERR_INVALID, "%s: recompute_method '%s': expected block or uniform", where,
+                    v->recompute_method);
+  o->recompute_num_layers = (int)v->recompute_num_layers;
+  return MP_OK;
+}
+
 /* The plan options of a row: AC, float8, SP, the pipeline schedule, seq and batch, over
  * the stack's. */
 static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, row_job *j) {
@@ -275,6 +286,7 @@ static mp_status read_options(mp_ctx *ctx, const char *where, const mp_vrow *v, 
   mp_plan_options_init(o);
   mp_stack_plan_options(&j->prof, &j->c.gpu, o);
   MP_CHECK(mp_ac_parse(ctx, v->ac, &o->ac, &o->ac_every));
+  MP_CHECK(read_recompute_method(ctx, where, v, o));
   o->fp8 = v->fp8 != 0;
   if (v->fp8_recipe[0] && !mp_fp8_recipe_parse(v->fp8_recipe, &o->fp8_opts.recipe))
     return mp_error(ctx, MP_ERR_INVALID, "%s: fp8_recipe '%s': expected tensorwise, current, delayed, "

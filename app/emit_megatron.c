@@ -97,7 +97,7 @@ static mp_status write_model(mp_ctx *ctx, const mp_model *m, mp_emit_buf *b) {
 /* --recompute-*: selective-core is Megatron's selective recompute of core_attn, beside which
  * (or alone) the plan's other recompute modules (layernorm, mla_up_proj, moe_act, mlp, moe,
  * shared_experts) are listed; full is every layer's input kept and the layer recomputed (uniform, one layer a
- * chunk). */
+ * group), or the plan's recompute method and count. */
 static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b) {
   char mods[64];
   mp_recompute_modules_format(o->recompute_modules, mods, sizeof mods);
@@ -109,7 +109,10 @@ static mp_status write_ac(mp_ctx *ctx, const mp_plan_options *o, mp_emit_buf *b)
     return MP_OK;
   }
   if (o->ac == MP_AC_FULL && o->ac_every <= 1 && !mods[0]) {
-    mp_emit_printf(b, "--recompute-granularity full\n--recompute-method uniform\n--recompute-num-layers 1\n");
+    const int method = o->recompute_method != MP_RECOMPUTE_NONE;
+    mp_emit_printf(b, "--recompute-granularity full\n--recompute-method %s\n--recompute-num-layers %d\n",
+                   method ? mp_recompute_method_name(o->recompute_method) : "uniform",
+                   method ? o->recompute_num_layers : 1);
     return MP_OK;
   }
   char ac[32];

@@ -26,6 +26,10 @@ static mp_status write_ac(mp_ctx *ctx, const mp_emit_plan *p, mp_emit_buf *b) {
   const mp_plan_options *o = p->o;
   const char *mode = NULL, *option = NULL;
   char every[24];
+  if (o->recompute_method != MP_RECOMPUTE_NONE)
+    return mp_error(ctx, MP_ERR_USAGE, "--emit torchtitan: recompute method %s is Megatron-Core's; torchtitan "
+                    "v0.2.0 checkpoints every block or every N-th (plan with --ac full or full:N)",
+                    mp_recompute_method_name(o->recompute_method));
   if (o->ac == MP_AC_NONE) mode = "none";
   else if (o->ac == MP_AC_SELECTIVE_OP) mode = "selective", option = "op";
   else if (o->ac == MP_AC_FULL && o->ac_every <= 1) mode = "full";

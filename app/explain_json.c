@@ -41,6 +41,10 @@ static void add_plan_facts(cJSON *root, const explain *e) {
   cJSON_AddNumberToObject(root, "n_micro", (double)e->n_micro);
   cJSON_AddNumberToObject(root, "vocab_padded", (double)p->vocab_padded);
   cJSON_AddStringToObject(root, "ac", mp_ac_mode_name(p->ac));
+  if (p->opts.recompute_method != MP_RECOMPUTE_NONE) { /* Megatron-Core's, under full */
+    cJSON_AddStringToObject(root, "recompute_method", mp_recompute_method_name(p->opts.recompute_method));
+    cJSON_AddNumberToObject(root, "recompute_num_layers", p->opts.recompute_num_layers);
+  }
   cJSON_AddBoolToObject(root, "fp8", p->opts.fp8 != 0);
   cJSON_AddBoolToObject(root, "shard_logits", p->opts.tp.shard_logits != 0);
 }

@@ -47,6 +47,22 @@ static void add(flag_list *f, const char *name, const char *fmt, ...) {
   f->n++;
 }
 
+/* Megatron-Core's recompute modules and method as simulate's flags; plan searches AC
+ * policies and takes neither. */
+static mp_status recompute_flags(mp_ctx *ctx, const mp_from_plan *p, int is_plan, flag_list *f) {
+  if (p->recompute_modules[0] && is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
+                    "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
+  if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  if (p->recompute_method[0] && is_plan)
+    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not Megatron-Core's recompute "
+                    "method (--recompute-method %s); use meshplan simulate --from or explain --from", p->recompute_method);
+  if (!p->recompute_method[0]) return MP_OK;
+  add(f, "--recompute-method", "%s", p->recompute_method);
+  add(f, "--recompute-num-layers", "%d", p->recompute_num_layers);
+  return MP_OK;
+}
+
 /* Megatron's CPU offloading as simulate's and explain's flag; plan searches no offloading. */
 static mp_status offload_flag(mp_ctx *ctx, const mp_from_plan *p, int is_plan, flag_list *f) {
   if (p->cpu_offload_layers <= 0) return MP_OK;
@@ -80,10 +96,7 @@ static mp_status to_flags(mp_ctx *ctx, const mp_cmd_spec *spec, const mp_from_pl
       p->cp, p->tp, p->ep, etp);
   add(f, "--ac", "%s", p->ac);
   add(f, "--mtp-num-layers", "%lld", (long long)p->mtp_layers);
-  if (p->recompute_modules[0] && is_plan)
-    return mp_error(ctx, MP_ERR_USAGE, "--from: meshplan plan searches AC policies, not recompute modules "
-                    "(--recompute-modules %s); use meshplan simulate --from or explain --from", p->recompute_modules);
-  if (p->recompute_modules[0]) add(f, "--recompute-modules", "%s", p->recompute_modules);
+  MP_CHECK(recompute_flags(ctx, p, is_plan, f));
   MP_CHECK(offload_flag(ctx, p, is_plan, f));
   if (p->capacity_factor[0]) add(f, "--moe-capacity-factor", "%s", p->capacity_factor);
   if (p->pad_to_capacity) add(f, "--moe-pad-expert-input-to-capacity", NULL);

@@ -22,6 +22,9 @@ typedef struct mp_from_plan {
                              expert split over N ranks), 0: ep inside dp_shard */
   char ac[24];            /* meshplan's name: none, selective-op, selective-core, full, full:N */
   char recompute_modules[64]; /* --recompute-modules' list, ","-separated; "": none */
+  char recompute_method[16]; /* --recompute-method under full granularity but uniform 1 (meshplan's
+                                full): block or uniform; "": none */
+  int recompute_num_layers;   /* its --recompute-num-layers; 0 without a method */
   char capacity_factor[32];   /* --moe-capacity-factor's value; "": dropless */
   int pad_to_capacity;        /* 1: --moe-pad-expert-input-to-capacity */
   char fp8[16];           /* the recipe, "" without float8 */

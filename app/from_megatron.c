@@ -677,7 +677,7 @@ static mp_status read_parallel(mp_ctx *ctx, const mg_args *a, const char *origin
 /* --recompute-* and --fp8-* as meshplan's policy, recipe and float8 weights: selective granularity with its
  * modules (core_attn, Megatron-LM's default, is selective-core; layernorm, mla_up_proj and
  * moe_act the output-discarding modules, mlp, moe and shared_experts the checkpointed ones,
- * exec/plan.h), or full recompute of every layer. */
+ * exec/plan.h), or full recompute under Megatron-Core's method (block or uniform, with its layer count). */
 static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, mp_from_plan *p) {
   char list[128];
   const char *g = get(a, "--recompute-granularity", NULL), *m = get(a, "--recompute-method", NULL);
@@ -700,12 +700,22 @@ static mp_status read_ac_fp8(mp_ctx *ctx, const mg_args *a, const char *origin, 
     mp_recompute_modules_format(o.recompute_modules, p->recompute_modules, sizeof p->recompute_modules);
     for (char *c = p->recompute_modules; *c; c++)
       if (*c == ' ') *c = ','; /* the command line's list */
-  } else if (strcmp(g, "full") == 0 && m && strcmp(m, "uniform") == 0 && n && strcmp(n, "1") == 0 && !mods) {
+  } else if (strcmp(g, "full") == 0 && m && (!strcmp(m, "uniform") || !strcmp(m, "block")) && n && !mods) {
+    /* uniform 1 is every layer checkpointed alone: meshplan's full */
+    char *end = NULL;
+    const long k = strtol(n, &end, 10);
+    if (end == n || *end || k < 1 || k > MP_MAX_LAYERS)
+      return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-num-layers %s: expected a layer count from 1 to %d",
+                      origin, n, MP_MAX_LAYERS);
     snprintf(p->ac, sizeof p->ac, "full");
+    if (strcmp(m, "uniform") || k > 1) {
+      snprintf(p->recompute_method, sizeof p->recompute_method, "%s", m);
+      p->recompute_num_layers = (int)k;
+    }
   } else {
     return mp_error(ctx, MP_ERR_USAGE, "%s: --recompute-granularity %s%s%s%s%s: meshplan prices selective "
-                    "recompute of its seven modules, and full recompute of every "
-                    "layer (--recompute-method uniform --recompute-num-layers 1)", origin, g,
+                    "recompute of its seven modules, and full recompute with --recompute-method block or "
+                    "uniform and --recompute-num-layers", origin, g,
                     m ? " --recompute-method " : "", m ? m : "", n ? " --recompute-num-layers " : "", n ? n : "");
   }
   const char *fmt = get(a, "--fp8-format", NULL), *recipe = get(a, "--fp8-recipe", NULL);

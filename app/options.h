@@ -83,6 +83,13 @@
     "its all-to-alls included) and shared_experts, each checkpointed from its kept input and re-run " \
     "before its backward; core_attn is --ac selective-core. Beside --ac none or selective-core; e.g. " \
     "DeepSeek-V3's layernorm,mla_up_proj,moe_act", NULL }
+/* simulate and explain: Megatron-Core's recompute method under full AC (mp_cmd_plan_options) */
+#define MP_OPT_RECOMPUTE_METHOD                                                                    \
+  { "--recompute-method", "block|uniform", "Megatron-Core's --recompute-method under --ac full, per " \
+    "model chunk: block checkpoints the chunk's first --recompute-num-layers layers, uniform its "   \
+    "layers in groups of that many (one input saved a group); megatron stacks only", NULL },         \
+  { "--recompute-num-layers", "N", "with --recompute-method: its layer count (Megatron-Core's "       \
+    "--recompute-num-layers)", NULL }
 #define MP_OPT_FP8(more)                                                                           \
   { "--fp8", "[on|off|tensorwise|current|delayed|rowwise|mxfp8|blockwise|nvfp4]",                \
     "float8 Linear layers (E4M3 forward, E5M2 gradients) under a recipe of scales: tensorwise "    \

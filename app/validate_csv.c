@@ -296,6 +296,8 @@ static mp_status read_row(const reader *r, mp_vrow *row) {
   MP_CHECK(opt_str(r, "fp8_scope", row->fp8_scope, sizeof row->fp8_scope));
   MP_CHECK(read_megatron_run(r, row));
   MP_CHECK(opt_str(r, "recompute_modules", row->recompute_modules, sizeof row->recompute_modules));
+  MP_CHECK(opt_str(r, "recompute_method", row->recompute_method, sizeof row->recompute_method));
+  MP_CHECK(opt_int(r, "recompute_num_layers", 1, INT32_MAX, 0, &row->recompute_num_layers));
   MP_CHECK(opt_str(r, "nccl_version", row->nccl_version, sizeof row->nccl_version));
   return opt_flag(r, "async_tp", &row->async_tp);
 }

@@ -89,6 +89,10 @@ typedef struct mp_vrow {
   char recompute_modules[96]; /* optional column: Megatron-Core's recompute modules, split by
                                  spaces (the command parses them: mp_recompute_modules_parse);
                                  "" when absent or empty: none */
+  char recompute_method[16]; /* optional column: Megatron-Core's --recompute-method under ac full,
+                                block or uniform; "" when absent or empty: none */
+  int64_t recompute_num_layers; /* optional column: its --recompute-num-layers, >= 1; 0 when absent
+                                   or empty */
   int moe_fp8_dispatch; /* 0 or 1: DeepSeek-V3's float8 dispatch (exec/plan.h); -1 when the
                            column is absent or empty: off */
   int64_t mtp_layers;   /* optional column: the model's multi-token-prediction modules

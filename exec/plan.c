@@ -845,7 +845,7 @@ mp_status mp_plan_derive(mp_ctx *ctx, const mp_plan *base, const mp_plan_options
       opts->moe_dispatcher != b->moe_dispatcher || opts->fp8_act_cache != b->fp8_act_cache ||
       opts->moment_dtype != b->moment_dtype || opts->mfsdp_strategy != b->mfsdp_strategy ||
       opts->fsdp_double_buffer != b->fsdp_double_buffer || opts->cuda_graphs != b->cuda_graphs ||
-      opts->cpu_offload_layers != b->cpu_offload_layers ||
+      opts->cpu_offload_layers != b->cpu_offload_layers || opts->recompute_method != b->recompute_method || opts->recompute_num_layers != b->recompute_num_layers ||
       memcmp(&opts->moe_routing, &b->moe_routing, sizeof opts->moe_routing) != 0 ||
       (opts->sp >= 0 && base->mesh.size[MP_DIM_TP] > 1 && opts->sp != b->sp))
     return mp_error(ctx, MP_ERR_INVALID,

@@ -38,6 +38,7 @@
 #include "exec/model.h"
 #include "exec/plan_fp8.h"
 #include "exec/plan_pp.h"
+#include "exec/plan_recompute.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -128,10 +129,8 @@ typedef enum mp_tp_style {
  *   SELECTIVE_CORE  Megatron-LM's selective recompute (Korthikanti et al. 2022): the core
  *                   attention (QK^T, softmax, attention x V) recomputed from the saved q, k, v
  *   FULL            each block recomputed from its saved input; with ac_every = N > 1 only
- *                   every N-th block (torchtitan's integer selective_ac_option). Chosen over
- *                   Megatron-LM's --recompute-num-layers N (the first N blocks of each
- *                   stage): spread evenly, the recompute costs every pipeline stage and
- *                   every micro-batch the same, so the stages stay balanced */
+ *                   every N-th block (torchtitan's integer selective_ac_option); under the
+ *                   megatron model, Megatron-Core's method instead (exec/plan_recompute.h) */
 typedef enum mp_ac_mode {
   MP_AC_NONE = 0,
   MP_AC_SELECTIVE,
@@ -140,21 +139,6 @@ typedef enum mp_ac_mode {
   MP_AC_FULL,
   MP_AC_COUNT
 } mp_ac_mode;
-/* Megatron-Core's recompute modules (--recompute-granularity selective --recompute-modules;
- * megatron/core/transformer/transformer_config.py, core_v0.14) beside AC none or selective-core
- * (its core_attn). layernorm, mla_up_proj and moe_act free their output once its consumer ran
- * and recompute it before its backward (CheckpointWithoutOutput); mlp, moe and shared_experts
- * checkpoint a whole module (tensor_parallel.checkpoint): its input kept, its forward re-run,
- * collectives included, before its backward. Bits of mp_plan_options.recompute_modules. */
-typedef enum mp_rc_module {
-  MP_RC_LAYERNORM = 0,  /* "layernorm": input_layernorm and pre_mlp_layernorm */
-  MP_RC_MLA_UP_PROJ,    /* "mla_up_proj": MLA's latent norms, up projections and RoPE */
-  MP_RC_MOE_ACT,        /* "moe_act": the routed experts' SwiGLU */
-  MP_RC_MLP,            /* "mlp": a dense layer's MLP (transformer_layer.py: not a MoE layer's) */
-  MP_RC_MOE,            /* "moe": a MoE layer whole, all-to-alls included (moe/moe_layer.py) */
-  MP_RC_SHARED_EXPERTS, /* "shared_experts": a MoE layer's shared experts (moe_layer.py) */
-  MP_RC_COUNT
-} mp_rc_module;
 
 /* How the attention core runs: FLASH (FlashAttention: causal blocks skipped, the per-head
  * log-sum-exp saved instead of the score matrix) or MATERIALIZED (Megatron-LM's fused
@@ -465,6 +449,8 @@ typedef struct mp_plan_options {
   mp_ac_mode ac;
   int ac_every;          /* FULL: recompute every ac_every-th block only (blocks l with
                             (l + 1) % ac_every == 0, torchtitan's count); 0 or 1: every block */
+  mp_recompute_method recompute_method; /* FULL, megatron model: Megatron-Core's; NONE: every block */
+  int recompute_num_layers; /* with recompute_method: --recompute-num-layers, >= 1 */
   int sp;                /* sequence parallelism with tp (Korthikanti et al. 2022): norms, residuals and
                             dropout on [T/tp, H], all-gather before and reduce-scatter after each TP
                             region. 1 on, 0 off (the all-reduce form), -1 (default): on when tp > 1 under
@@ -877,14 +863,14 @@ mp_status mp_ac_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out, int *every);
  * shared_experts set o->recompute_modules; anything else is refused as unknown
  * (MP_ERR_INVALID). */
 mp_status mp_recompute_modules_parse(mp_ctx *ctx, const char *list, mp_plan_options *o);
-/* o's recompute modules as Megatron names them, space-separated ("" for none). */
-void mp_recompute_modules_format(uint32_t modules, char *buf, size_t cap);
 /* mp_ac_parse without the block frequency: "full:N" with N > 1 is refused. */
 mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out);
-/* The policy block `layer` runs under the plan's options: FULL with ac_every N > 1 applies to
- * blocks l with (l + 1) % N == 0 (torchtitan counts its wrapped blocks from 1), the others
- * save everything (NONE). */
-mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer);
+/* The policy block `layer` runs: FULL with ac_every N > 1 on blocks l with (l + 1) % N == 0
+ * (torchtitan counts from 1), under the block method on each model chunk's first
+ * recompute_num_layers blocks (an MTP module: the plan's), the others NONE. */
+mp_ac_mode mp_plan_layer_ac(const mp_plan *p, int64_t layer);
+/* Under the uniform method, the group holding `layer` (its first layer, its size): 1; else 0. */
+int mp_plan_layer_rc_group(const mp_plan *p, int64_t layer, int64_t *first, int64_t *n);
 /* "torchtitan", "meshplan-cpu", "meshplan-cuda", "megatron". */
 const char *mp_mem_model_name(mp_mem_model m);
 const char *mp_tp_style_name(mp_tp_style s);

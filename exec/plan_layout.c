@@ -12,7 +12,10 @@
  * the last, so the layout must say so; MTP layers (m) go on the last virtual stage after its
  * layers, as Megatron-Core requires (pipeline_parallel_layer_layout.py, validate_layer_layout,
  * core_v0.14.0), where meshplan places them; their count is checked against the model's by
- * the plan. */
+ * the plan.
+ *
+ * Also here, as it reads the same per-chunk layers: the AC policy a block runs under the
+ * plan's recompute method, which counts layers within a model chunk. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,5 +159,48 @@ int mp_pp_layout_embedding_loss(int64_t n_layers, int pp, int v, mp_plan_options
   const int64_t K = (int64_t)pp * v, per = (n_layers + 2) / K;
   o->n_pp_layers = (int)K;
   for (int64_t k = 0; k < K; k++) o->pp_layers[k] = (int16_t)(per - (k == 0) - (k == K - 1));
+  return 1;
+}
+
+/* ---- the recompute method, per model chunk ---------------------------------------------- */
+
+/* The trunk layers [*l0, *l1) of the model chunk holding `layer`: 1, or 0 for a layer no chunk
+ * holds (an MTP module, past the trunk). */
+static int chunk_of(const mp_plan *p, int64_t layer, int64_t *l0, int64_t *l1) {
+  const int pp = p->mesh.size[MP_DIM_PP] > 0 ? p->mesh.size[MP_DIM_PP] : 1, v = mp_plan_virtual_stages(p);
+  for (int s = 0; s < pp; s++)
+    for (int c = 0; c < v; c++) {
+      mp_plan_chunk_layers(p, s, c, l0, l1);
+      if (layer >= *l0 && layer < *l1) return 1;
+    }
+  return 0;
+}
+
+mp_ac_mode mp_plan_layer_ac(const mp_plan *p, int64_t layer) {
+  const mp_plan_options *o = &p->opts;
+  if (o->ac != MP_AC_FULL) return o->ac;
+  if (o->recompute_method == MP_RECOMPUTE_BLOCK) {
+    /* Megatron-Core checkpoints layer_idx < recompute_num_layers of the chunk's block
+     * (transformer_block.py _checkpointed_forward, core_v0.14.0; its fp8 skip of layers whose
+     * input needs no gradient leaves a trained embedding's stage alone) */
+    int64_t l0, l1;
+    if (chunk_of(p, layer, &l0, &l1) && layer - l0 >= o->recompute_num_layers) return MP_AC_NONE;
+    return o->ac;
+  }
+  if (o->recompute_method == MP_RECOMPUTE_NONE && o->ac_every > 1 && (layer + 1) % o->ac_every != 0)
+    return MP_AC_NONE;
+  return o->ac;
+}
+
+int mp_plan_layer_rc_group(const mp_plan *p, int64_t layer, int64_t *first, int64_t *n) {
+  const mp_plan_options *o = &p->opts;
+  int64_t l0, l1;
+  if (o->ac != MP_AC_FULL || o->recompute_method != MP_RECOMPUTE_UNIFORM || o->recompute_num_layers < 1 ||
+      !chunk_of(p, layer, &l0, &l1))
+    return 0;
+  /* custom(layer_idx, layer_idx + recompute_num_layers) from layer_idx 0 in steps of the count
+   * (transformer_block.py, core_v0.14.0); the plan refuses a count not dividing the chunk */
+  *first = l0 + (layer - l0) / o->recompute_num_layers * o->recompute_num_layers;
+  *n = o->recompute_num_layers;
   return 1;
 }

@@ -289,9 +289,15 @@ mp_status mp_ac_mode_parse(mp_ctx *ctx, const char *s, mp_ac_mode *out) {
   return MP_OK;
 }
 
-mp_ac_mode mp_plan_layer_ac(const mp_plan_options *o, int64_t layer) {
-  if (o->ac == MP_AC_FULL && o->ac_every > 1 && (layer + 1) % o->ac_every != 0) return MP_AC_NONE;
-  return o->ac;
+const char *mp_recompute_method_name(mp_recompute_method m) {
+  return m == MP_RECOMPUTE_BLOCK ? "block" : m == MP_RECOMPUTE_UNIFORM ? "uniform" : "";
+}
+
+int mp_recompute_method_parse(const char *s, mp_recompute_method *out) {
+  if (strcmp(s, "block") == 0) *out = MP_RECOMPUTE_BLOCK;
+  else if (strcmp(s, "uniform") == 0) *out = MP_RECOMPUTE_UNIFORM;
+  else return 0;
+  return 1;
 }
 
 const char *mp_mem_model_name(mp_mem_model m) {

@@ -368,20 +368,25 @@ static void emit_optimizer(gen *g, const mp_schedule_prep *pr) {
 }
 
 /* What splits a run of identical blocks into segments: the layer's AC policy (full:N
- * alternates it) and whether CPU offloading copies its tensors to the host (the first
- * cpu_offload_layers layers). */
-static int layer_class(const mp_plan_options *o, int32_t l) {
-  return 2 * (int)mp_plan_layer_ac(o, l) + (l < o->cpu_offload_layers);
+ * alternates it, the block recompute method ends it a chunk's first N layers in), its place
+ * in a uniform recompute group (the bottom saves the group's input, the top holds the group's
+ * recompute: schedule_act.c) and whether CPU offloading copies its tensors to the host (the
+ * first cpu_offload_layers layers). */
+static int layer_class(const mp_plan *p, int32_t l) {
+  int64_t first, n;
+  int role = 0;
+  if (mp_plan_layer_rc_group(p, l, &first, &n) && n > 1) role = l == first ? 1 : l == first + n - 1 ? 3 : 2;
+  return 4 * (2 * (int)mp_plan_layer_ac(p, l) + (l < p->opts.cpu_offload_layers)) + role;
 }
 
 /* Sub-run [a, a + r) of a run of identical blocks whose blocks also share their class: its
  * length from a, at most r. */
 static int32_t same_ac_len(const gen *g, int32_t a, int32_t r) {
   const mp_plan_options *o = &g->p->opts;
-  if (o->ac_every <= 1 && o->cpu_offload_layers == 0) return r;
-  const int c = layer_class(o, a);
+  if (o->ac_every <= 1 && o->cpu_offload_layers == 0 && o->recompute_method == MP_RECOMPUTE_NONE) return r;
+  const int c = layer_class(g->p, a);
   int32_t n = 1;
-  while (n < r && layer_class(o, a + n) == c) n++;
+  while (n < r && layer_class(g->p, a + n) == c) n++;
   return n;
 }
 
@@ -409,7 +414,7 @@ static void emit_blocks(gen *g, const mp_schedule_prep *pr, const stage_info *st
     /* its sub-runs of one AC policy, from the top */
     for (int32_t top = a + r - 1; top >= a;) {
       int32_t lo = top;
-      while (lo > a && layer_class(&g->p->opts, lo - 1) == layer_class(&g->p->opts, top)) lo--;
+      while (lo > a && layer_class(g->p, lo - 1) == layer_class(g->p, top)) lo--;
       block_bwd_segment(g, st, top, top - lo + 1, c);
       top = lo - 1;
     }

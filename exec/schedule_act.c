@@ -676,7 +676,7 @@ static void f8_cache_act(const gen *g, int kind, block_act *a) {
  * operands their GEMMs read. Part `attn`, else the MLP of `kind`; none under full AC. */
 static void f8_cache_writes(gen *g, int attn, int kind) {
   const shapes *sh = &g->sh;
-  if (!g->p->opts.fp8_act_cache || mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_FULL) return;
+  if (!g->p->opts.fp8_act_cache || mp_plan_layer_ac(g->p, g->layer) == MP_AC_FULL) return;
   const int64_t T = sh->tokens;
   if (attn) {
     const int64_t e = T * sh->attn_out;
@@ -755,10 +755,12 @@ static void mixer_fwd(gen *g, const part_deps *pd) {
  * at the end of each part. */
 void mp_sched_block_fwd_tt(gen *g, int kind, const part_deps *pd) {
   block_act a;
-  block_act_of(g, kind, mp_plan_layer_ac(&g->p->opts, g->layer), &a);
+  block_act_of(g, kind, mp_plan_layer_ac(g->p, g->layer), &a);
   mp_sched_f8_held_fwd(g);
   mp_sched_f8_held_layer(g, 0, 1);
-  act(g, BUF_ACT_X, a.x, 1, 1);
+  int64_t first, n;
+  if (!mp_plan_layer_rc_group(g->p, g->layer, &first, &n) || first == g->layer) /* a uniform group saves its input */
+    act(g, BUF_ACT_X, a.x, 1, 1);
   act(g, BUF_ACT_ATTN, a.attn, 1, a.kept);
   act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
   act(g, BUF_ACT_ATTN_TMP, a.attn_tmp, 1, 0);
@@ -802,12 +804,36 @@ static void recompute(gen *g, const block_act *a, int kind, const part_deps *pd,
   g->phase = MP_PHASE_BACKWARD;
 }
 
+/* Megatron-Core's uniform recompute (exec/plan.h, mp_recompute_method) re-runs a group's
+ * forward whole before the backward of its top layer l: what that recompute saves for the
+ * group's layers below l (their parts' tensors, and their inputs but the group's saved one)
+ * and l's own input are allocated here, each under its layer, and freed by its backward as
+ * full AC frees them. Their recompute ops stay in each layer's backward (one compute stream:
+ * the same time); the memory is held from the group's top. Returns 1 for a layer of a group
+ * below its top, whose recompute allocates nothing. */
+static int rc_group_hold(gen *g, int32_t l, const block_act *own) {
+  int64_t first, n;
+  if (!mp_plan_layer_rc_group(g->p, l, &first, &n) || n < 2) return 0;
+  if (l != first + n - 1) return 1;
+  for (int64_t k = first; k < l; k++) {
+    block_act a;
+    g->layer = (int32_t)k;
+    block_act_of(g, mp_model_layer_is_moe(&g->p->model, k) ? KIND_MOE : KIND_DENSE, MP_AC_FULL, &a);
+    act(g, BUF_RC_ATTN, a.rc_attn, 1, 0);
+    act(g, BUF_RC_MLP, a.rc_mlp, 1, 0);
+    if (k > first) act(g, BUF_ACT_X, a.x, 1, 1);
+  }
+  g->layer = l;
+  act(g, BUF_ACT_X, own->x, 1, 1);
+  return 0;
+}
+
 /* A block's backward: the workspace, the recompute where the policy puts it, the MLP's
  * backward and the release of its part (the MoE and experts units resharded and reduced
  * once it is done), the attention's backward, then the block input and the attention unit
  * (or the block's one unit). */
 void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
-  const mp_ac_mode ac = mp_plan_layer_ac(&g->p->opts, l);
+  const mp_ac_mode ac = mp_plan_layer_ac(g->p, l);
   block_act a;
   block_act_of(g, kind, ac, &a);
   const int nu = g->n_units[l];
@@ -818,8 +844,11 @@ void mp_sched_block_bwd_tt(gen *g, int32_t l, int kind, const part_deps *pd) {
   /* an offloaded layer's tensors copied back before its backward */
   act(g, BUF_ACT_OFF_ATTN, a.off_attn, 1, 0);
   act(g, BUF_ACT_OFF_MLP, a.off_mlp, 1, 0);
-  if (a.rc_first) recompute(g, &a, kind, pd, 1);
-  else recompute_modules(g, &a, kind, 0, 1, pd);
+  if (a.rc_first) {
+    block_act held = a; /* a uniform group's lower layer: its recompute's tensors held already */
+    if (rc_group_hold(g, l, &a)) held.rc_attn = held.rc_mlp = 0;
+    recompute(g, &held, kind, pd, 1);
+  } else recompute_modules(g, &a, kind, 0, 1, pd);
   part_deps rest = pd ? *pd : (part_deps){0}; /* what the MLP's backward still waits for */
   if (kind == KIND_MOE && (g->p->opts.recompute_modules & (1u << MP_RC_SHARED_EXPERTS)))
     rest.dep[PART_MOE][0] = rest.dep[PART_MOE][1] = -1; /* waited for by the shared experts' recompute */

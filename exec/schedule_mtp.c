@@ -37,7 +37,7 @@
 
 static void eh_tp_comm(gen *g, mp_coll c, int64_t width);
 
-static int full_ac(const gen *g) { return mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_FULL; }
+static int full_ac(const gen *g) { return mp_plan_layer_ac(g->p, g->layer) == MP_AC_FULL; }
 
 /* The input side's saved bytes beside the embedding output (the file comment). */
 static int64_t mtp_in_rest_bytes(const gen *g) {

@@ -137,7 +137,7 @@ void mp_sched_seg_close(gen *g, mp_phase phase, int32_t repeat, int32_t layer_st
  * Rowwise's amax (torch.amax along a dim) is another op, recomputed. */
 static int amax_kept(const gen *g) {
   return g->phase == MP_PHASE_RECOMPUTE && g->sh.fp8_recipe == MP_FP8_TENSORWISE && !g->sh.fp8_te &&
-         !g->ms->runtime && mp_plan_layer_ac(&g->p->opts, g->layer) == MP_AC_SELECTIVE_OP;
+         !g->ms->runtime && mp_plan_layer_ac(g->p, g->layer) == MP_AC_SELECTIVE_OP;
 }
 
 /* Bytes a float8 cast moves per element of its bf16 source when it writes `copies` float8

@@ -237,11 +237,38 @@ MG += [
     ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=8", "--stack", "megatron-core",
            "--fsdp-reduce-dtype", "bf16")),
 ]
+# Megatron-Core's recompute method under full recompute (transformer_block.py
+# _checkpointed_forward, core_v0.14.0): block on each of the 4 x 2 chunks of 4 layers, uniform
+# in groups of 2
+MG += [
+    ("8", ("--model", "llama3.1-8b", "--mesh", "tp=2,pp=4", "--pp-schedule", "interleaved", "--stack",
+           "megatron-core", "--ac", "full", "--recompute-method", "block", "--recompute-num-layers", "2")),
+    ("8", ("--model", "llama3.1-8b", "--mesh", "dp_replicate=2,pp=4", "--stack", "megatron-core", "--ac", "full",
+           "--recompute-method", "uniform", "--recompute-num-layers", "2")),
+]
 for gpus, args in MG:
     a = args if "--model" in args else ("--model", "llama3.1-8b") + tuple(args)
     text = round_trip("megatron", gpus, a)
     check(text is None or ("--grad-reduce-in-bf16" in text) == ("bf16" in a),
           f"megatron {' '.join(a)}: --grad-reduce-in-bf16 written where the plan reduces in bf16 only")
+
+# the recompute method as Megatron-LM's flags, and refused where Megatron-Core refuses it: uniform
+# groups past a chunk's last layer (llama3.1-8b on pp 4: 8 layers a chunk), a method without
+# full granularity (its config raises), a count without a method
+rc_args = ("--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_replicate=2,pp=4", "--stack", "megatron-core")
+_, text = emitted("megatron", *rc_args, "--ac", "full", "--recompute-method", "block", "--recompute-num-layers", "3")
+check("--recompute-granularity full\n--recompute-method block\n--recompute-num-layers 3\n" in (text or ""),
+      "recompute method block 3 not written: " + str(text))
+p = run("simulate", *rc_args, "--ac", "full", "--recompute-method", "uniform", "--recompute-num-layers", "3", want_rc=2)
+check("holds 8 layers, which 3 does not divide" in p.stderr, "uniform 3 on 8-layer chunks: " + p.stderr)
+p = run("simulate", *rc_args, "--ac", "selective-core", "--recompute-method", "block", "--recompute-num-layers", "1",
+        want_rc=2)
+check("applies to full AC" in p.stderr, "a method under selective-core: " + p.stderr)
+p = run("simulate", *rc_args, "--ac", "full", "--recompute-num-layers", "2", want_rc=2)
+check("without a recompute method" in p.stderr, "a count without a method: " + p.stderr)
+p = run("simulate", "--gpus", "8", "--model", "llama3.1-8b", "--mesh", "dp_shard=2,pp=4", "--ac", "full",
+        "--recompute-method", "block", "--recompute-num-layers", "2", want_rc=2)
+check("Megatron-Core's TransformerBlock" in p.stderr, "a method on torchtitan: " + p.stderr)
 
 # CUDA graphs as Megatron-LM's flags (megatron/training/arguments.py, core_v0.14.0), each scope
 # read back from them, and from --external-cuda-graph's default scope (full: a layer a graph)

@@ -493,7 +493,11 @@ row 2 "etp=16 with the DeepEP/HybridEP dispatcher spans NVLink domains of 8 GPUs
 # and plan ranks no such plan: each candidate with etp 16 is refused by the simulator
 row 1 "no plan fits mixtral-8x7b on 32 x h100-sxm; none of the changes tried fits" plan --no-db --model mixtral-8x7b --gpus 32 --gpu h100-sxm --stack megatron-core --moe-dispatcher deepep --fix etp=16
 row 2 "--from: meshplan plan searches the dispatchers without their overlap" plan --no-db --gpus 8 "--from-args=${mx/--moe-token-dispatcher-type alltoall/--moe-token-dispatcher-type flex --moe-enable-deepep} --overlap-moe-expert-parallel-comm"
-row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 2"
+# Megatron-Core's full granularity needs a method and a count (transformer_config.py
+# __post_init__, core_v0.14.0), and uniform groups must tile a chunk (32 layers here)
+row 2 "--recompute-granularity full --recompute-method block" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block"
+row 2 "--recompute-num-layers 0: expected a layer count from 1 to 512" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method block --recompute-num-layers 0"
+row 2 "recompute method uniform with 5 layers: model chunk 0 (stage 0) holds 32 layers" simulate --gpus 8 "--from-args=$mg --recompute-granularity full --recompute-method uniform --recompute-num-layers 5"
 row 2 "recompute module moe: model" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules core_attn moe"
 row 2 "--recompute-modules: unknown recompute module 'moe_layer'" simulate --gpus 8 "--from-args=$mg --recompute-granularity selective --recompute-modules moe_layer"
 row 2 "--tensor-model-parallel-size 1 and 1 more: meshplan reads one value there" simulate --gpus 8 "--from-args=$mg --tensor-model-parallel-size 1 2"

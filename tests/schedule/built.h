@@ -67,6 +67,8 @@ struct Opts {
   int async_tp = 0;                       // torchtitan's AsyncTP (tp_comm_fused)
   int te_spec = 0;                        // Megatron-Core's TE layer spec (mp_plan_options)
   int loss_chunks = 0;                    // torchtitan's ChunkedLossWrapper (0, 1: off)
+  mp_recompute_method recompute_method = MP_RECOMPUTE_NONE;  // Megatron-Core's, under full AC
+  int recompute_num_layers = 0;
 };
 
 inline void FillOptions(const Opts &o, mp_plan_options *out) {
@@ -111,6 +113,8 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.tp_comm_fused = o.async_tp;
   po.te_spec = o.te_spec;
   po.loss_chunks = o.loss_chunks;
+  po.recompute_method = o.recompute_method;
+  po.recompute_num_layers = o.recompute_num_layers;
 }
 
 // Megatron-LM's memory model on `mesh`: its vocab-parallel cross-entropy (in place),
