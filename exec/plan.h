@@ -423,6 +423,11 @@ typedef struct mp_ddp_options {
                           optim_grads_params before core_v0.14 (megatron/training/arguments.py
                           core_v0.13.0). Off by default; simulate's
                           --no-gradient-accumulation-fusion, validate's "grad_accum_fusion" 0 */
+  int average_in_collective; /* Megatron-LM's --ddp-average-in-collective: the buckets reduced
+                          with ReduceOp.AVG, unscaled (megatron/core/distributed/
+                          param_and_grad_buffer.py core_v0.12.0 to core_v0.14.0,
+                          start_grad_sync); 0: pre-scaled and summed. simulate's and validate's
+                          ddp_average_in_collective */
 } mp_ddp_options;
 
 /* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before

@@ -229,6 +229,9 @@ typedef struct mp_op {
   uint8_t fp4;       /* GEMM: 1 an NVFP4 GEMM (the nvfp4 recipe's fprop, dgrad and wgrad: E2M1
                         operands, half a byte an element plus an E4M3 scale per 16), priced
                         on the GPU's FP4 tensor cores (sim/cost.c); 0 otherwise */
+  uint8_t avg;       /* COMM reduce-scatter: 1 its op averages (ReduceOp.AVG or a PreMulSum,
+                        NCCL's PreMulSum, which NCCL never runs as PAT: sim/network.c,
+                        pat_bw_share; grad_comm sets it); 0 a sum */
 } mp_op;
 
 /* The rows a local expert of the slowest EP rank computes under routing rt (exec/plan.h,

@@ -559,6 +559,22 @@ static inline int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, do
   return i;
 }
 
+/* Whether a gradient reduce-scatter averages in the collective (mp_op.avg): Megatron-LM's
+ * --ddp-average-in-collective, ReduceOp.AVG in its DDP and Megatron FSDP buffers
+ * (megatron/core/distributed/param_and_grad_buffer.py and fsdp/src/megatron_fsdp/
+ * param_and_grad_buffer.py, core_v0.14.0; unset, gradient_scaling_factor and SUM); FSDP2
+ * (torchtitan), whose _get_gradient_divide_factors (torch/distributed/fsdp/_fully_shard/
+ * _fsdp_collectives.py at pytorch 010ae4a; ReduceOp.AVG for fp32 and bf16 from torch 2.4)
+ * gives ReduceOp.AVG for the fp32 and bf16 reduce dtypes the plan allows, or a PreMulSum
+ * under a set divide factor, unless set_force_sum_reduction_for_comms (SUM with a pre- and
+ * post-division, as for fp16). FSDP1's flat parameters sum between a pre- and a
+ * post-division (torch/distributed/fsdp/_runtime_utils.py), and the meshplan runtime sums
+ * (ncclSum, exec/comm/comm_nccl_coll.c). */
+static inline int grad_avg(const gen *g) {
+  const mp_plan_options *o = &g->p->opts;
+  return o->ddp.average_in_collective || (o->mem_model == MP_MEM_MODEL_TORCHTITAN && !o->fsdp.flat_params);
+}
+
 /* A gradient collective of FSDP unit u on the reduce stream (the unit's reduce-scatter,
  * or the all-reduce over dp_replicate), tagged with its layer and unit, after `after`. */
 static inline int32_t grad_comm(gen *g, mp_coll c, mp_group grp, int64_t bytes, int32_t layer,
@@ -567,6 +583,7 @@ static inline int32_t grad_comm(gen *g, mp_coll c, mp_group grp, int64_t bytes, 
   if (i >= 0) {
     g->ops[i].layer = layer;
     g->ops[i].unit = u;
+    g->ops[i].avg = (uint8_t)(c == MP_COLL_REDUCE_SCATTER && grad_avg(g));
   }
   add_dep(g, i, after, 0);
   return i;

@@ -318,7 +318,7 @@ typedef struct comm_memo {
   uint64_t bytes_bits; /* the op's bytes, bit for bit (no rounding can alias two keys) */
   double dur;
   int n;
-  int16_t group, coll;
+  int16_t group, coll; /* coll: the op's mp_coll, and 256 where it averages (mp_op.avg) */
 } comm_memo;
 
 /* The links of the groups a schedule's collectives run on, each looked up once, with their
@@ -409,7 +409,7 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
   const uint64_t h = (bits ^ (bits >> 29) ^ ((uint64_t)g << 7) ^ ((uint64_t)op->coll << 3) ^ (uint64_t)n) *
                      0x9E3779B97F4A7C15ull;
   comm_memo *m = &ls->memo[h >> 58]; /* the top 6 bits: COMM_MEMO_SLOTS slots */
-  if (m->n == n && m->bytes_bits == bits && m->group == g && m->coll == op->coll) {
+  if (m->n == n && m->bytes_bits == bits && m->group == g && m->coll == (op->coll | op->avg << 8)) {
     *dur = m->dur;
     return MP_OK;
   }
@@ -424,9 +424,9 @@ static inline mp_status comm_duration(mp_ctx *ctx, link_set *ls, const mp_op *op
            prof->comm_overhead_s;
   else
     *dur = mp_sim_nccl_collective_s((mp_coll)op->coll, op->bytes, p2p ? 2 : n, l, l->GBps * prof->link_eff,
-                                    &ls->cl->gpu, prof->nccl_version) +
+                                    &ls->cl->gpu, prof->nccl_version, op->avg) +
            prof->comm_overhead_s;
-  *m = (comm_memo){bits, *dur, n, (int16_t)g, (int16_t)op->coll};
+  *m = (comm_memo){bits, *dur, n, (int16_t)g, (int16_t)(op->coll | op->avg << 8)};
   return MP_OK;
 }
 

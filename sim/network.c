@@ -417,8 +417,11 @@ static double min2(double a, double b) { return a < b ? a : b; }
  * no PAT); src/graph/tuning.cc, ncclPatEnable, from v2.23.4-1 to v2.30.7-1: one GPU a node
  * (nNodes == nRanks), Simple only, all-gather and reduce-scatter only, never widened; busBw
  * x .85 in v2.23.4-1, x .75 from v2.24.3-1; the minCompCap >= 60 check (CUDA atomics) from
- * v2.26.2-1. src/enqueue.cc (v2.23.4-1 to v2.30.7-1) also drops PAT for a reduce-scatter
- * whose op is PreMulSum or SumPostDiv (ncclAvg), which the schedule's ops do not state. */
+ * v2.26.2-1. src/enqueue.cc (v2.23.4-1, v2.26.2-1, v2.27.7-1, v2.28.9-1, v2.30.7-1; the
+ * algorithm loop of topoGetAlgoInfo) also skips PAT for a reduce-scatter whose device op is
+ * PreMulSum or SumPostDiv: hostToDevRedOp makes ncclAvg PreMulSum (1/nRanks) on the float
+ * types and SumPostDiv on the integers, and ncclRedOpCreatePreMulSum's ops are PreMulSum; the
+ * caller's avg (mp_op.avg) says so. */
 static double pat_bw_share(int v, int cc) {
   if (v == 0) v = 999999;
   if (v < 22300) return 0.0;
@@ -450,7 +453,7 @@ mp_status mp_sim_nccl_version_parse(mp_ctx *ctx, const char *text, int *version)
 }
 
 double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
-                                const mp_gpu *g, int nccl_version) {
+                                const mp_gpu *g, int nccl_version, int avg) {
   const int ring_coll = c == MP_COLL_ALL_REDUCE || c == MP_COLL_ALL_GATHER || c == MP_COLL_REDUCE_SCATTER;
   if (!ring_coll || n <= 1 || bw_GBps <= 0) return mp_sim_collective_s(c, bytes, n, bw_GBps, l->lat_s);
   /* a pair of the group (its first and last pipeline stages) spans two nodes when it does */
@@ -465,7 +468,8 @@ double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_lin
   const int ci = cc >= 100 ? 3 : cc >= 90 ? 2 : cc >= 80 ? 1 : 0, ni = nodes <= 2 ? nodes - 1 : 2;
   const double ch = mp_sim_nccl_ring_channels(g, &pair, 0);
   const double ll_max = kLlMaxBw[nodes == 1 ? ci : 0][ni];
-  const double pat_share = ar || pair.per_node != 1 || nodes <= 1 ? 0.0 : pat_bw_share(nccl_version, cc);
+  const int no_pat = ar || (avg && c == MP_COLL_REDUCE_SCATTER) || pair.per_node != 1 || nodes <= 1;
+  const double pat_share = no_pat ? 0.0 : pat_bw_share(nccl_version, cc);
   /* the ring's bus bandwidth moves (n-1)/n of the bytes a step pattern, twice for an
    * all-reduce; the tree's moves them twice (up and down) */
   const double ring_bytes = (ar ? 2.0 : 1.0) * (n - 1) / n * bytes, tree_bytes = 2.0 * bytes;

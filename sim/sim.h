@@ -478,9 +478,11 @@ mp_status mp_sim_ub_cfg_parse(mp_ctx *ctx, const char *text, mp_ub_overlap cfg[M
  * of the ring, the tree (all-reduce), PAT (all-gather and reduce-scatter of one rank a node)
  * and the LL, LL128 and Simple protocols, Simple's
  * bandwidth bw_GBps; PAT only where nccl_version (mp_stack_profile's; 0 the newest) carries
- * it. The other collectives mp_sim_collective_s's on l->lat_s. */
+ * it and, for a reduce-scatter, where avg is 0 (1: its op is ncclAvg or a PreMulSum, which
+ * NCCL runs as PreMulSum; sim/network.c, pat_bw_share). The other collectives
+ * mp_sim_collective_s's on l->lat_s. */
 double mp_sim_nccl_collective_s(mp_coll c, double bytes, int n, const mp_sim_link *l, double bw_GBps,
-                                const mp_gpu *g, int nccl_version);
+                                const mp_gpu *g, int nccl_version, int avg);
 mp_status mp_sim_group_link(mp_ctx *ctx, const mp_cluster *c, const mp_mesh *mesh, mp_group g,
                             int rank, mp_sim_link *out);
 /* An all-to-all of `bytes` sent per rank on link l (efficiency eff on both links) where

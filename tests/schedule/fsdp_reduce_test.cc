@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
 #include <string>
 
 #include "tests/schedule/built.h"
@@ -134,6 +135,49 @@ TEST(FsdpReduce, MegatronBf16MainGradsNoted) {
       noted |= strstr(b.plan->notes[i], "bf16 main gradients") && strstr(b.plan->notes[i], want[1 - dist]);
     EXPECT_TRUE(noted) << want[1 - dist];
   }
+}
+
+// The reduce-scatters whose op averages (mp_op.avg, which keeps NCCL off PAT): FSDP2's
+// ReduceOp.AVG in fp32 or bf16, Megatron's under --ddp-average-in-collective (its
+// distributed optimizer's and Megatron FSDP's); FSDP1 and Megatron's default sum. Returns
+// {reduce-scatters, of them averaging}; an all-reduce never averages here.
+std::pair<int, int> AvgReduceScatters(const Opts &o) {
+  Built b;
+  Build(&b, o);
+  std::pair<int, int> n{0, 0};
+  for (int i = 0; i < b.s->n_ops; i++) {
+    const mp_op &op = b.s->ops[i];
+    if (op.type != MP_OP_COMM) continue;
+    if (op.coll != MP_COLL_REDUCE_SCATTER) {
+      EXPECT_EQ(op.avg, 0) << "op " << i;
+      continue;
+    }
+    n.first++;
+    n.second += op.avg;
+  }
+  return n;
+}
+
+TEST(FsdpReduce, AveragingReduceScatters) {
+  for (mp_dtype r : {MP_DTYPE_FP32, MP_DTYPE_BF16}) {
+    const auto fsdp2 = AvgReduceScatters(Hsdp(r));
+    EXPECT_GT(fsdp2.first, 0);
+    EXPECT_EQ(fsdp2.second, fsdp2.first);
+  }
+  Opts f1 = Hsdp(MP_DTYPE_FP32);
+  f1.flat_params = 1;
+  const auto fsdp1 = AvgReduceScatters(f1);
+  EXPECT_GT(fsdp1.first, 0);
+  EXPECT_EQ(fsdp1.second, 0);
+  Opts m;
+  m.mesh = "dp_replicate=8", m.mem_model = MP_MEM_MODEL_MEGATRON, m.dist_opt = 1;
+  const auto sum = AvgReduceScatters(m);
+  EXPECT_GT(sum.first, 0);
+  EXPECT_EQ(sum.second, 0);
+  m.ddp_avg = 1;
+  const auto avg = AvgReduceScatters(m);
+  EXPECT_EQ(avg.first, sum.first);
+  EXPECT_EQ(avg.second, avg.first);
 }
 
 // Refusals: bf16 reduction where the meshplan runtime reduces fp32 slots, and a dtype none

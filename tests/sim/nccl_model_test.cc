@@ -38,7 +38,7 @@ mp_sim_link Link(int n, int per_node, double bw, double nic) {
 
 // NCCL's time for collective c of bytes over link l's n ranks at its bandwidth on g.
 double Nccl(mp_coll c, double bytes, const mp_sim_link &l, const mp_gpu &g = H100()) {
-  return mp_sim_nccl_collective_s(c, bytes, l.n, &l, l.GBps, &g, 0);
+  return mp_sim_nccl_collective_s(c, bytes, l.n, &l, l.GBps, &g, 0, 0);
 }
 
 }  // namespace
@@ -148,17 +148,38 @@ TEST(NcclModel, PatOnlyFromNccl223) {
   const double ll128 = 141.5e-6 + 15.0 / 16 * b / 36.8e9;
   EXPECT_NEAR(ll128, 355.2e-6, 0.1e-6);
   for (mp_coll c : {MP_COLL_ALL_GATHER, MP_COLL_REDUCE_SCATTER}) {
-    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22200), ll128, 1e-10) << c;
-    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22005), ll128, 1e-10) << c;
-    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22304), 68.8e-6 + b / 34e9, 1e-10) << c;
-    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22400), 68.8e-6 + b / 30e9, 1e-10) << c;
-    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 0), 68.8e-6 + b / 30e9, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22200, 0), ll128, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22005, 0), ll128, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22304, 0), 68.8e-6 + b / 34e9, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 22400, 0), 68.8e-6 + b / 30e9, 1e-10) << c;
+    EXPECT_NEAR(mp_sim_nccl_collective_s(c, b, 16, &one, 40, &g, 0, 0), 68.8e-6 + b / 30e9, 1e-10) << c;
   }
   EXPECT_NEAR(68.8e-6 + b / 34e9, 315.5e-6, 0.1e-6);
   EXPECT_NEAR(68.8e-6 + b / 30e9, 348.4e-6, 0.1e-6);
   const mp_sim_link two = Link(32, 2, 40, 50);
-  EXPECT_EQ(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 22200),
-            mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 0));
+  EXPECT_EQ(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 22200, 0),
+            mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, b, 32, &two, 40, &g, 0, 0));
+}
+
+// NCCL's src/enqueue.cc (v2.23.4-1 to v2.30.7-1) skips PAT for a reduce-scatter whose op is
+// ncclAvg (PreMulSum on floats) or a PreMulSum: the 8 MiB reduce-scatter of one rank a node
+// above takes PAT summed (315.5 us at 2.23.4, 348.4 us from 2.24.3) and the ring's LL128
+// averaged (355.2 us); before 2.23 both the ring's LL128. An all-gather has no op: PAT alike.
+TEST(NcclModel, PatNotForAveragingReduceScatter) {
+  const mp_gpu g = H100();
+  const double b = 8.0 * 1048576;
+  const mp_sim_link one = Link(16, 1, 40, 50);
+  const double ll128 = 141.5e-6 + 15.0 / 16 * b / 36.8e9;
+  const mp_coll rs = MP_COLL_REDUCE_SCATTER, ag = MP_COLL_ALL_GATHER;
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22304, 0), 315.5e-6, 0.1e-6);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22304, 1), ll128, 1e-10);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22703, 0), 348.4e-6, 0.1e-6);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22703, 1), ll128, 1e-10);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 0, 1), ll128, 1e-10);
+  EXPECT_EQ(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22200, 1),
+            mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22200, 0));
+  EXPECT_NEAR(mp_sim_nccl_collective_s(rs, b, 16, &one, 40, &g, 22200, 1), ll128, 1e-10);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(ag, b, 16, &one, 40, &g, 0, 1), 348.4e-6, 0.1e-6);
 }
 
 // NCCL versions as X.Y or X.Y.Z, into major x 10000 + minor x 100 + patch.
@@ -187,7 +208,7 @@ TEST(NcclModel, VersionParse) {
 TEST(NcclModel, PairOfAGroupAcrossNodes) {
   const mp_gpu g = H100();
   const mp_sim_link l = Link(128, 8, 320, 50);
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, 4, 2, &l, 320, &g, 0), 16.6e-6 + 4 / 39e9, 1e-12);
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, 4, 2, &l, 320, &g, 0, 0), 16.6e-6 + 4 / 39e9, 1e-12);
 }
 
 // The layout: dp_shard=64 x cp=2 on 128 GPUs of 8 a node (cp the inner dimension, so a

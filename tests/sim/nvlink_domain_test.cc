@@ -112,7 +112,7 @@ TEST(NvlinkDomain, GroupInsideOneRackRunsOnNvlink) {
   const mp_sim_link l = GroupLink(c, "dp_replicate=2,dp_shard=72", MP_GROUP_DP_SHARD);
   ExpectLink(l, 72, 1, 72, 900.0, 3e-6);
   const double big = 8 * kGiB;
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 72, &l, l.GBps, &c.gpu, 0),
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 72, &l, l.GBps, &c.gpu, 0, 0),
               249.8e-6 + 71.0 / 72 * big / 900e9, 1e-9);
   const mp_sim_link t = GroupLink(Gb200(144, 0), "dp_replicate=2,dp_shard=72", MP_GROUP_DP_SHARD);
   ExpectLink(t, 72, 18, 4, 200.0, 10e-6);
@@ -127,7 +127,7 @@ TEST(NvlinkDomain, GroupAcrossTwoRacksCrossesTheNics) {
   const mp_sim_link l = GroupLink(c, "dp_shard=144", MP_GROUP_DP_SHARD);
   ExpectLink(l, 144, 2, 72, 900.0, 10e-6);
   const double big = 8 * kGiB;
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 144, &l, l.GBps, &c.gpu, 0),
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_GATHER, big, 144, &l, l.GBps, &c.gpu, 0, 0),
               505.2e-6 + 143.0 / 144 * big / 900e9, 1e-9);
 }
 
@@ -152,9 +152,9 @@ TEST(NvlinkDomain, MegatronFsdpInstancesOneRackEach) {
   const mp_sim_link across = GroupLink(c, "dp_replicate=2,dp_shard=32,tp=2", MP_GROUP_DP_REPLICATE);
   ExpectLink(across, 2, 2, 1, 50.0, 10e-6);
   const double shard = 199233536.0, layer = 6375473152.0;
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu, 0),
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu, 0, 0),
               1.4 * (8.4 + 2 * 14.0) * 1e-6 + shard / 50e9, 1e-9);
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_REDUCE_SCATTER, layer, 32, &in, in.GBps, &c.gpu, 0),
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_REDUCE_SCATTER, layer, 32, &in, in.GBps, &c.gpu, 0, 0),
               (8.4 + 31 * 3.4) * 1e-6 + 31.0 / 32 * layer / 900e9, 1e-9);
   ExpectLink(GroupLink(c, "dp_shard=64,tp=2", MP_GROUP_DP_SHARD), 64, 2, 32, 900.0, 10e-6);
 }
@@ -180,7 +180,7 @@ TEST(NvlinkDomain, DistributedOptimizerInstancesConsecutiveNodes) {
   ExpectLink(across, 2, 2, 1, 50.0, 10e-6);
   ExpectLink(GroupLink(c, "pp=4,dp_replicate=8,tp=8", MP_GROUP_DP_REPLICATE), 8, 8, 1, 50.0, 10e-6);
   const double shard = 106971136.0;
-  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu, 0),
+  EXPECT_NEAR(mp_sim_nccl_collective_s(MP_COLL_ALL_REDUCE, shard, 2, &across, across.GBps, &c.gpu, 0, 0),
               1.4 * (8.4 + 2 * 14.0) * 1e-6 + shard / 50e9, 1e-9);
 }
 

@@ -496,7 +496,7 @@ TEST(Network, RepeatedCollectivesPricedAsEachAlone) {
   mp_sim_trace_destroy(t);
   for (int i = 0; i < s->n_ops; i++) {
     const mp_op &o = s->ops[i];
-    const double alone = mp_sim_nccl_collective_s((mp_coll)o.coll, o.bytes, 8, &l, l.GBps, &cl.gpu, 0) + 5e-6;
+    const double alone = mp_sim_nccl_collective_s((mp_coll)o.coll, o.bytes, 8, &l, l.GBps, &cl.gpu, 0, 0) + 5e-6;
     EXPECT_EQ(dur[i], alone) << "op " << i;
   }
   for (int k = 0; k < 100; k++) EXPECT_NEAR(dur[3 * k], 1e-3 + 1e-5 * k + 5e-6, 1e-12) << "all-gather " << k;

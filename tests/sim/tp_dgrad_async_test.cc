@@ -32,7 +32,7 @@ double Step(int async_dgrad, int contended, double *rs_s) {
   mp_sim_link l;
   EXPECT_EQ(mp_sim_group_link(&k.ctx, &k.c, &k.mesh, MP_GROUP_TP, 0, &l), MP_OK) << mp_errmsg(&k.ctx);
   *rs_s = mp_sim_nccl_collective_s(MP_COLL_REDUCE_SCATTER, 2.0 * 8192 * 4096, 2, &l, l.GBps * k.prof.link_eff,
-                                  &k.c.gpu, 0) +
+                                  &k.c.gpu, 0, 0) +
           k.prof.comm_overhead_s;
   return k.Sim().step_time_s;
 }
