@@ -366,10 +366,7 @@ mp_status mp_cmd_ddp_bucket_prep(mp_ctx *ctx, const struct mp_stack_profile *pro
     return mp_error(ctx, MP_ERR_USAGE, "--ddp-average-in-collective, --no-check-for-nan-in-loss-and-grad and "
                     "--align-param-gather are Megatron-LM's DDP options; stack %s does not run it: use "
                     "megatron-core or megatron-lm, or drop them", prof->name);
-  if (average_in_collective) {
-    o->ddp.scale_grads = 0;
-    o->ddp.average_in_collective = 1;
-  }
+  if (average_in_collective) o->ddp.scale_grads = 0;
   if (no_check) o->ddp.check_grads = 0;
   if (align) o->ddp.align_param_gather = 1;
   return mp_cmd_ddp_bucket_size(ctx, prof, bucket_size, o);

@@ -92,7 +92,7 @@ static mp_status layout_buckets(mp_ctx *ctx, mp_plan *p) {
 }
 
 mp_status mp_apply_ddp(mp_ctx *ctx, mp_plan *p, const mp_ddp_options *o) {
-  mp_ddp_options def = {0, 0, 0, 0, 0, 0, 0, 0};
+  mp_ddp_options def = {0, 0, 0, 0, 0, 0, 0};
   if (o == NULL) o = &def;
   MP_CHECK(check_order(ctx, p));
   MP_CHECK(check_dopt(ctx, p, o));

@@ -389,9 +389,13 @@ typedef struct mp_ddp_options {
                           forward (--overlap-param-gather); 0: once after the step's last
                           backward. Set from the stack (key "dp_overlap") */
   int scale_grads;     /* each bucket's gradients multiplied by 1/d on the compute stream
-                          before its reduction (Megatron-LM's gradient_scaling_factor, unless
-                          --ddp-average-in-collective). Set from the stack (key
-                          "ddp_scale_grads") */
+                          before its reduction, summed in the collective (Megatron-LM's
+                          gradient_scaling_factor); 0: Megatron-LM's
+                          --ddp-average-in-collective, the buckets reduced unscaled with
+                          ReduceOp.AVG (megatron/core/distributed/param_and_grad_buffer.py
+                          core_v0.12.0 to core_v0.14.0, start_grad_sync). Set from the stack
+                          (key "ddp_scale_grads"); simulate's and validate's
+                          ddp_average_in_collective turn it off */
   int check_grads;     /* each bucket's gradient norm taken and checked for NaN and Inf before
                           its reduction (Megatron-Core's check_for_nan_in_grad, on unless
                           --no-check-for-nan-in-loss-and-grad). Set from the stack (key
@@ -423,11 +427,6 @@ typedef struct mp_ddp_options {
                           optim_grads_params before core_v0.14 (megatron/training/arguments.py
                           core_v0.13.0). Off by default; simulate's
                           --no-gradient-accumulation-fusion, validate's "grad_accum_fusion" 0 */
-  int average_in_collective; /* Megatron-LM's --ddp-average-in-collective: the buckets reduced
-                          with ReduceOp.AVG, unscaled (megatron/core/distributed/
-                          param_and_grad_buffer.py core_v0.12.0 to core_v0.14.0,
-                          start_grad_sync); 0: pre-scaled and summed. simulate's and validate's
-                          ddp_average_in_collective */
 } mp_ddp_options;
 
 /* Megatron-Core's FSDP (Megatron FSDP, --use-megatron-fsdp; --use-custom-fsdp before

@@ -572,7 +572,8 @@ static inline int32_t comm(gen *g, mp_coll c, mp_group grp, mp_stream stream, do
  * (ncclSum, exec/comm/comm_nccl_coll.c). */
 static inline int grad_avg(const gen *g) {
   const mp_plan_options *o = &g->p->opts;
-  return o->ddp.average_in_collective || (o->mem_model == MP_MEM_MODEL_TORCHTITAN && !o->fsdp.flat_params);
+  if (o->mem_model == MP_MEM_MODEL_MEGATRON) return !o->ddp.scale_grads;
+  return o->mem_model == MP_MEM_MODEL_TORCHTITAN && !o->fsdp.flat_params;
 }
 
 /* A gradient collective of FSDP unit u on the reduce stream (the unit's reduce-scatter,

@@ -53,8 +53,8 @@ struct Opts {
   mp_cp_comm cp_comm = MP_CP_COMM_P2P;
   int dp_overlap = 0;
   int dist_opt = 0;
-  int ddp_scale = 0, ddp_check = 0;  // Megatron's DDP bucket preparation (mp_ddp_options)
-  int ddp_avg = 0;                    // Megatron's --ddp-average-in-collective
+  int ddp_scale = 0, ddp_check = 0;  // Megatron's DDP bucket preparation (mp_ddp_options;
+                                     // ddp_scale 0: --ddp-average-in-collective)
   mp_schedule_mode mode = MP_SCHEDULE_EXPANDED;
   int moe_fp8_dispatch = 0;
   mp_moe_dispatcher moe_dispatcher = MP_MOE_DISPATCH_ALLTOALL;  // the flex dispatcher's backends too
@@ -102,7 +102,6 @@ inline void FillOptions(const Opts &o, mp_plan_options *out) {
   po.ddp.shard_optimizer = o.dist_opt;
   po.ddp.scale_grads = o.ddp_scale;
   po.ddp.check_grads = o.ddp_check;
-  po.ddp.average_in_collective = o.ddp_avg;
   po.moe_dispatcher = o.moe_dispatcher;
   po.moe_fp8_dispatch = o.moe_fp8_dispatch;
   po.recompute_modules = o.recompute_modules;

@@ -170,11 +170,11 @@ TEST(FsdpReduce, AveragingReduceScatters) {
   EXPECT_GT(fsdp1.first, 0);
   EXPECT_EQ(fsdp1.second, 0);
   Opts m;
-  m.mesh = "dp_replicate=8", m.mem_model = MP_MEM_MODEL_MEGATRON, m.dist_opt = 1;
+  m.mesh = "dp_replicate=8", m.mem_model = MP_MEM_MODEL_MEGATRON, m.dist_opt = 1, m.ddp_scale = 1;
   const auto sum = AvgReduceScatters(m);
   EXPECT_GT(sum.first, 0);
   EXPECT_EQ(sum.second, 0);
-  m.ddp_avg = 1;
+  m.ddp_scale = 0; /* --ddp-average-in-collective */
   const auto avg = AvgReduceScatters(m);
   EXPECT_EQ(avg.first, sum.first);
   EXPECT_EQ(avg.second, avg.first);
