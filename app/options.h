@@ -158,7 +158,8 @@
     "q, k, v and the output gradient; Blackwell, CP 1", NULL },                                     \
   { "--fp8-amax-tp-only", NULL, "with --fp8 delayed on a megatron stack: the amaxes all-reduced "   \
     "over the TP group only, as Transformer Engine v0.13 to v1.5 do under "                          \
-    "NVTE_DP_AMAX_REDUCE_INTERVAL=0 (default: over the data-parallel group)", NULL }
+    "NVTE_DP_AMAX_REDUCE_INTERVAL=0 and Megatron-Core core_v0.8 (its amax group TP x CP) or "        \
+    "tp_only_amax_red from core_v0.9 (default: over the data-parallel group)", NULL }
 /* simulate, explain and plan: torchtitan's float8 FSDP all-gather and float8 scope
  * (mp_cmd_fp8_all_gather) */
 #define MP_OPT_FP8_ALL_GATHER                                                                      \

@@ -121,7 +121,8 @@ typedef struct mp_vrow {
   int fp8_dpa;          /* 0 or 1: Transformer Engine's float8 attention (--fp8-dpa, Megatron-Core's
                            --fp8-dot-product-attention); -1 absent or empty: bf16 attention */
   int fp8_amax_tp;      /* 0 or 1: delayed scaling's amaxes reduced over TP only (--fp8-amax-tp-only,
-                           Transformer Engine v0.13 to v1.5 under NVTE_DP_AMAX_REDUCE_INTERVAL=0);
+                           Transformer Engine v0.13 to v1.5 under NVTE_DP_AMAX_REDUCE_INTERVAL=0,
+                           Megatron-Core core_v0.8's TP x CP amax group, tp_only_amax_red);
                            -1 absent or empty: over the data-parallel group */
   int fp8_param_gather; /* 0 or 1: Megatron-Core's --fp8-param-gather (exec/plan.h); -1 when
                            absent or empty: off */

@@ -74,7 +74,11 @@ typedef struct mp_float8_options {
   int amax_tp;      /* delayed scaling's amaxes all-reduced over the TP group only: Transformer
                        Engine v0.13 to v1.5 under NVTE_DP_AMAX_REDUCE_INTERVAL=0
                        (transformer_engine/pytorch/fp8.py global_amax_reduction, v1.5: "AMAX is
-                       reduced only in TP domain"; v1.6rc1 does not read the variable) */
+                       reduced only in TP domain"; v1.6rc1 does not read the variable), and
+                       Megatron-Core from 2e429097 (2024-07-25: core_v0.8.0, 24.09-alpha.rc0)
+                       until its revert 98abe378 (2024-09-06), whose parallel_state.py
+                       get_amax_reduction_group returns the TP x CP group (TP at CP 1), and
+                       from core_v0.9 under TransformerConfig.tp_only_amax_red */
   mp_fp8_scope scope; /* which GEMMs run float8 under torchtitan (torchao): the Linears
                          (quantize.linear.*), the routed experts' grouped GEMMs
                          (quantize.grouped_mm.* fqns ["experts"]: torchao's

@@ -845,9 +845,8 @@ void mp_sched_mg_regather_wait(gen *g, int32_t gather, int32_t first_op) {
  * the amaxes its float8 Linears recorded (input and weight; output gradient) are reduced in
  * one all-reduce over the amax-reduction group (Megatron-Core's data-parallel x context x
  * tensor group; priced on the data-parallel x context group, the larger), fp32 each, on the
- * compute stream (fp8_autocast's reduce_amax); over the TP group alone under amax_tp
- * (Transformer Engine v0.13 to v1.5 with NVTE_DP_AMAX_REDUCE_INTERVAL=0, fp8.py
- * global_amax_reduction), none at TP 1. `blocks`: the chunk's blocks. */
+ * compute stream (fp8_autocast's reduce_amax); over the TP group alone under amax_tp (when
+ * and why a run reduces so: exec/plan_fp8.h), none at TP 1. `blocks`: the chunk's blocks. */
 void mp_sched_f8_amax_reduce(gen *g, int32_t blocks, int backward) {
   const shapes *sh = &g->sh;
   if (!sh->fp8_te || sh->fp8_recipe != MP_FP8_DELAYED || blocks <= 0) return;
