@@ -433,7 +433,9 @@ typedef struct mem_strategy {
                             turns it off only from 25413d224, Aug 2025); torch.compile's
                             partitioner leaves ops whose outputs the backward does not read out
                             of the backward graph; meshplan's runtime refills the saved tensors
-                            and stops (schedule_block.c) */
+                            and stops (schedule_block.c). torchao's float8 Linear, a custom
+                            autograd Function, saves after its GEMM, so an eager float8 down
+                            would be re-run; torchtitan's float8 runs are compiled */
   uint8_t fp8_te;       /* float8 Linears are Transformer Engine's (Megatron-LM): weights cast
                            once a step, casts writing the transposed copy beside the row-major
                            one, the norm before a fused LayerNormLinear emitting float8 under
