@@ -277,10 +277,12 @@ static void mark_host_sync(gen *g, int32_t from) {
 void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
   const shapes *sh = &g->sh;
   const int64_t T = sh->tokens, H = sh->d_model;
-  /* the runtimes' full-AC recompute refills the block's saved tensors and stops there: no
-   * down projection, unpermute or shared-expert output (the runtime's block_forward without
-   * x_out) */
-  const int out = !(g->ms->runtime && g->phase == MP_PHASE_RECOMPUTE);
+  /* a whole-block recompute that stops at the block's last saved tensor (rc_early_stop)
+   * does not re-run a dense MLP's down projection; the runtimes' (block_forward without
+   * x_out) skip a MoE block's unpermute and shared-expert output too */
+  const int recompute = g->phase == MP_PHASE_RECOMPUTE;
+  const int out = !(g->ms->runtime && recompute);
+  const int dense_out = !(g->ms->rc_early_stop && recompute);
   attach(g, pd, PART_MOE);
   mp_sched_norm_fwd(g, MP_MOD_FFN_NORM, sh->tokens_sp, H);
   /* the MLP's region: the dense MLP's colwise Linears; a MoE block's router and experts
@@ -302,7 +304,7 @@ void mp_sched_mlp_fwd(gen *g, int kind, const part_deps *pd) {
       if (sh->tp_opens_gateup) mp_sched_fuse_tp(g, in, MP_FUSE_GATHER, MP_VAR_FWD);
       swiglu(g, MP_VAR_FWD, MP_MOD_GATE, T * sh->d_ff);
     }
-    if (!out) return;
+    if (!dense_out) return;
     mp_sched_rt_sp(g, 1);
     const int32_t down = g->n_ops;
     mp_sched_linear_fwd(g, MP_MOD_DOWN, (double)T, H, sh->d_ff, 1);

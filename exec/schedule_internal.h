@@ -420,6 +420,22 @@ typedef struct mem_strategy {
                            its all-gather and the output gradient before the reduce-scatter's
                            backward (torchao's float8 tensor parallel, as torchtitan applies
                            it: schedule_ops.c) */
+  uint8_t rc_early_stop; /* a whole-block recompute stops once the last tensor the block saved
+                            for its backward is refilled: a dense MLP's down projection (autograd
+                            saves its inputs before its GEMM runs: tools/autograd/
+                            gen_variable_type.py, save_variables in setup_derivative before
+                            emit_call) and the residual add after it are not re-run. torch's
+                            non-reentrant checkpoint does so by default (torch/utils/checkpoint.py:
+                            _recomputation_hook's pack_hook raises _StopRecomputationError once
+                            recomp_counter reaches the frame's saved count; the module flag
+                            _enable_checkpoint_early_stop True in the 2024 releases, the
+                            checkpoint(early_stop=True) argument at main 0008d771; torchtitan
+                            turns it off only from 25413d224, Aug 2025); torch.compile's
+                            partitioner leaves ops whose outputs the backward does not read out
+                            of the backward graph; meshplan's runtime refills the saved tensors
+                            and stops (schedule_block.c). torchao's float8 Linear, a custom
+                            autograd Function, saves after its GEMM, so an eager float8 down
+                            would be re-run; torchtitan's float8 runs are compiled */
   uint8_t fp8_te;       /* float8 Linears are Transformer Engine's (Megatron-LM): weights cast
                            once a step, casts writing the transposed copy beside the row-major
                            one, the norm before a fused LayerNormLinear emitting float8 under

@@ -235,7 +235,7 @@ static void autograd_optimizer(gen *g, const mp_schedule_prep *pr, int world_red
 
 static const mem_strategy k_torchtitan = {
     .x_bytes = 2, .prefetch = 1, .keeps_stage_output = 1, .dtensor_tp = 1, .saved = SAVED_AUTOGRAD,
-    .fp8_tp_codes = 1,
+    .fp8_tp_codes = 1, .rc_early_stop = 1,
     .resident = autograd_resident, .block_fwd = mp_sched_block_fwd_tt, .block_bwd = mp_sched_block_bwd_tt,
     .head_fwd = mp_sched_head_fwd, .head_bwd = mp_sched_head_bwd, .chunk_bwd_end = autograd_chunk_bwd_end,
     .optimizer = autograd_optimizer,
@@ -251,6 +251,7 @@ static const mem_strategy k_megatron = {
 
 static const mem_strategy k_meshplan_cpu = {
     .runtime = 1, .x_bytes = 4, .host_mem = 1, .top_gathers_own = 1, .saved = SAVED_LAYOUT,
+    .rc_early_stop = 1,
     .resident = mp_sched_rt_resident, .block_fwd = mp_sched_rt_block_fwd, .block_bwd = mp_sched_rt_block_bwd,
     .head_fwd = mp_sched_head_fwd_rt, .head_bwd = mp_sched_head_bwd_rt, .chunk_bwd_end = mp_sched_rt_chunk_bwd_end,
     .optimizer = mp_sched_rt_optimizer,
@@ -258,7 +259,7 @@ static const mem_strategy k_meshplan_cpu = {
 
 static const mem_strategy k_meshplan_cuda = {
     .runtime = 1, .x_bytes = 2, .f8_codes = 1, .overlap = 1, .prefetch = 1, .top_gathers_own = 1,
-    .saved = SAVED_LAYOUT, .resident = mp_sched_rt_resident, .block_fwd = mp_sched_rt_block_fwd,
+    .rc_early_stop = 1, .saved = SAVED_LAYOUT, .resident = mp_sched_rt_resident, .block_fwd = mp_sched_rt_block_fwd,
     .block_bwd = mp_sched_rt_block_bwd, .head_fwd = mp_sched_head_fwd_rt, .head_bwd = mp_sched_head_bwd_rt,
     .chunk_bwd_end = mp_sched_rt_chunk_bwd_end, .optimizer = mp_sched_rt_optimizer,
 };

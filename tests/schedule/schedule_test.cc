@@ -279,13 +279,40 @@ TEST(Schedule, RecomputeAddsTheForwardItRepeats) {
   // selective-core: the core alone
   EXPECT_DOUBLE_EQ(gemm[MP_AC_SELECTIVE_CORE], gemm[MP_AC_NONE]);
   EXPECT_DOUBLE_EQ(attn[MP_AC_SELECTIVE_CORE] - attn[MP_AC_NONE], core);
-  // full: the whole block forward once more (all its GEMMs and the attention core)
-  EXPECT_DOUBLE_EQ(gemm[MP_AC_FULL] - gemm[MP_AC_NONE], kL * 2 * T * kBlockMatmul);
+  // full: the block forward once more up to its last saved tensor, down's input (torch's
+  // non-reentrant checkpoint stops there): every GEMM but down (H x F), and the core
+  EXPECT_DOUBLE_EQ(gemm[MP_AC_FULL] - gemm[MP_AC_NONE], kL * 2 * T * (kBlockMatmul - kH * kF));
   EXPECT_DOUBLE_EQ(attn[MP_AC_FULL] - attn[MP_AC_NONE], core);
   EXPECT_LT(total[MP_AC_NONE], total[MP_AC_SELECTIVE_CORE]);
   EXPECT_LT(total[MP_AC_SELECTIVE_CORE], total[MP_AC_SELECTIVE]);
   EXPECT_LT(total[MP_AC_SELECTIVE], total[MP_AC_FULL]);
   EXPECT_LT(total[MP_AC_SELECTIVE_OP], total[MP_AC_FULL]);
+}
+
+// Full AC's recompute by the runtime that runs it. torch's non-reentrant checkpoint (the
+// torchtitan memory model) stops re-running the block once the last tensor it saved is
+// packed again: down's input, packed before down's GEMM runs, so a recompute re-runs the
+// block's GEMMs but down, 2 T (2 H q + 2 H kv + 2 H F) a block. Megatron's CheckpointFunction
+// re-runs the block's forward whole, down included: 2 T (2 H q + 2 H kv + 3 H F).
+TEST(Schedule, FullRecomputeStopsAtTheLastSavedTensorUnderTorch) {
+  const double T = 4096;
+  double extra[2];
+  for (int mg = 0; mg < 2; mg++) {
+    double gemm[2];
+    for (int full = 0; full < 2; full++) {
+      Built b;
+      Opts o = mg ? Megatron("dp_replicate=8") : Opts();
+      o.seq = (int64_t)T;
+      o.ac = full ? MP_AC_FULL : MP_AC_NONE;
+      Build(&b, o);
+      gemm[full] = Sum(Expand(b.s), 1, [](const Inst &x) {
+        return x.op->type == MP_OP_COMPUTE && x.op->kernel == MP_KERNEL_GEMM;
+      });
+    }
+    extra[mg] = gemm[1] - gemm[0];
+  }
+  EXPECT_DOUBLE_EQ(extra[0], kL * 2 * T * (2 * kH * kQ + 2 * kH * kKV + 2 * kH * kF));
+  EXPECT_DOUBLE_EQ(extra[1], kL * 2 * T * kBlockMatmul);
 }
 
 TEST(Schedule, SavedActivationBytesPerBlock) {
