@@ -41,6 +41,8 @@ typedef struct train_pick {
   int64_t plan_id;          /* 0 without a database */
   double step_time_s;       /* predicted */
   mp_candidate cand;        /* the candidate itself (its error message not kept) */
+  int loss_chunks, nccl_version; /* the settings it was predicted under (mp_plan_settings) */
+  char stack[64];
   int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
   int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
                                allocator measures */

@@ -7,7 +7,13 @@
  * counted as a layer each); from its run: the model, the world size, seq and the global
  * batch (the plan's own, plans.global_batch, else the run's). An option given beside
  * --plan-id must say what the plan says; what the runtime does not execute is refused later
- * by the runtime's rule book (exec/runtime/check.c), as for a --mesh given. */
+ * by the runtime's rule book (exec/runtime/check.c), as for a --mesh given.
+ * The settings the plan was predicted under (plans.loss_chunks, .nccl_version, .stack):
+ * loss_chunks goes into the plan options, so a chunked loss, which the runtime's memory
+ * models do not run, is refused by the plan's own rule (exec/plan_loss.c) before anything is
+ * launched; the stack and the NCCL version describe the prediction, not what the runtime
+ * executes (it runs its own stack, meshplan-cpu or meshplan-cuda, on the MPI or NCCL it was
+ * built with), and are stated in the run's plan line. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,6 +23,7 @@
 #include "exec/plan.h"
 #include "exec/runtime/check.h"
 #include "app/train_job.h"
+#include "planner/report.h"
 #include "planner/search.h"
 #include "planner/store.h"
 
@@ -104,6 +111,7 @@ mp_status mp_train_stored_plan(train_job *j) {
   MP_CHECK(mp_cmd_check_seq(j->ctx, j->spec, &j->model, po->seq));
   MP_CHECK(mp_runtime_model_check(j->ctx, &j->model, po->seq));
   po->global_batch = global_batch;
+  po->loss_chunks = r.loss_chunks;
   if (r.tp > 1) po->sp = r.sp;
   po->n_pp_layers = 0;
   mp_candidate c;
@@ -116,7 +124,8 @@ mp_status mp_train_stored_plan(train_job *j) {
                     "layers over pp=%d x %d chunks, which they do not divide; plan again with this build",
                     j->plan_id, j->db, (long long)j->model.n_layers, r.pp, po->pp_virtual);
   j->stored_mesh = c.mesh;
-  char mesh_s[128], ac[32], pipe[64] = "no pipeline";
+  char mesh_s[128], ac[32], pipe[64] = "no pipeline", settings[160];
+  mp_plan_row_settings_str(&r, settings, sizeof settings);
   mp_mesh_format(&j->stored_mesh, mesh_s, sizeof mesh_s);
   if (r.ac == MP_AC_FULL && r.ac_every > 1) snprintf(ac, sizeof ac, "full:%d", r.ac_every);
   else snprintf(ac, sizeof ac, "%s", mp_search_ac_name(r.ac));
@@ -124,11 +133,12 @@ mp_status mp_train_stored_plan(train_job *j) {
   else if (r.pp > 1) snprintf(pipe, sizeof pipe, "1f1b schedule");
   if (r.pp > 1 && r.pp_split) snprintf(pipe + strlen(pipe), sizeof pipe - strlen(pipe), ", embedding and loss in the split");
   snprintf(j->stored_line, sizeof j->stored_line,
-           "plan %lld of %s (run %lld: %s on %s, %s profile): mesh %s, micro-batch %lld, ac %s, float8 %s, %s%s",
+           "plan %lld of %s (run %lld: %s on %s, %s profile): mesh %s, micro-batch %lld, ac %s, float8 %s, %s%s; "
+           "predicted under %s",
            j->plan_id, j->db, (long long)r.run_id, run.model, run.cluster, run.gpu, mesh_s,
            (long long)r.micro_batch, ac, r.fp8 ? "on" : "off",
            pipe,
-           r.tp > 1 ? (r.sp ? ", sp" : ", no sp") : "");
+           r.tp > 1 ? (r.sp ? ", sp" : ", no sp") : "", settings);
   return MP_OK;
 }
 

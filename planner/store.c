@@ -21,6 +21,10 @@ struct mp_store {
   int in_run;
   int64_t fault_after; /* < 0: off */
   sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
+  /* the open run's mp_plan_settings, bound on each of its plans rows (stack copied: the
+   * caller's string need not outlive mp_store_run_begin) */
+  int loss_chunks, nccl_version;
+  char stack[64];
 };
 
 static sqlite3 *conn(mp_store *st) { return mp_db_sqlite(st->db); }
@@ -47,8 +51,8 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
-                        " sp, pp_virtual, global_batch, pp_split, etp, dopt)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?)",
+                        " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -79,11 +83,20 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
   sqlite3_bind_text(q, i, s ? s : "", -1, SQLITE_TRANSIENT);
 }
 
+/* The settings the next plans rows are written with: loss_chunks 0 and 1 are both off and
+ * stored as 1, the count torchtitan's default runs. */
+static void use_settings(mp_store *st, const mp_plan_settings *set) {
+  st->loss_chunks = set->loss_chunks > 1 ? set->loss_chunks : 1;
+  st->nccl_version = set->nccl_version;
+  snprintf(st->stack, sizeof st->stack, "%s", set->stack ? set->stack : "");
+}
+
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                              int64_t *run_id) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", mp_store_path(st));
   MP_CHECK(mp_db_begin_write(ctx, st->db, "starting the run"));
   st->in_run = 1;
+  use_settings(st, &info->settings);
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(conn(st),
                               "INSERT INTO runs (created_at, tool_version, model, cluster, gpu, n_gpus,"
@@ -164,6 +177,10 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 20, c->pp_split);
   sqlite3_bind_int(q, 21, m->etp);
   sqlite3_bind_int(q, 22, mp_mesh_dopt(m));
+  sqlite3_bind_int(q, 23, st->loss_chunks);
+  sqlite3_bind_int(q, 24, st->nccl_version);
+  if (st->stack[0]) sqlite3_bind_text(q, 25, st->stack, -1, SQLITE_STATIC);
+  else sqlite3_bind_null(q, 25);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;
@@ -253,7 +270,8 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
   return MP_OK;
 }
 
-mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c) {
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c,
+                            const mp_plan_settings *settings) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
   MP_CHECK(mp_db_begin_write(ctx, st->db, "adding a plan to a run"));
   char sql[128];
@@ -266,6 +284,7 @@ mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candid
   snprintf(sql, sizeof sql, "SELECT coalesce(max(idx) + 1, 0) FROM plans WHERE run_id=%lld", (long long)run_id);
   if (s == MP_OK) s = mp_store_query_i64(ctx, st, sql, &idx);
   st->in_run = 1; /* the candidate's rows, as a run's (unranked) */
+  use_settings(st, settings);
   if (s == MP_OK) s = mp_store_add_candidate(ctx, st, run_id, idx, c, "");
   st->in_run = 0;
   if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing the plan");
@@ -442,7 +461,7 @@ static int ac_code(const char *s, int *every) {
 #define PLAN_COLS                                                                                          \
   "pl.id, pl.run_id, pl.idx, coalesce(pl.rank, 0), pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"      \
   " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"    \
-  " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt,"                                          \
+  " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt, pl.loss_chunks, pl.nccl_version, pl.stack," \
   " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"                           \
   " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"                        \
   " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
@@ -475,6 +494,9 @@ static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   r->pp_split = sqlite3_column_int(q, c++);
   r->etp = sqlite3_column_int(q, c++);
   r->dopt = sqlite3_column_int(q, c++);
+  r->loss_chunks = sqlite3_column_int(q, c++);
+  r->nccl_version = sqlite3_column_int(q, c++);
+  col_text(q, c++, r->stack, sizeof r->stack);
   col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
   col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
   r->step_time_s = sqlite3_column_double(q, c++);

@@ -114,6 +114,29 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
      * instances (exec/mesh.h's encoding; see planner/store.h) */
     "ALTER TABLE plans ADD COLUMN etp INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN dopt INTEGER NOT NULL DEFAULT 1;",
+    /* 10 -> 11: plans.loss_chunks, plans.nccl_version and plans.stack, the settings a plan was
+     * predicted under (see planner/store.h). The rows written before take them from their
+     * run's options (runs.options holds every option given, as JSON, since version 1) where
+     * the run gave them; otherwise the defaults those versions applied: 1 chunk, NCCL 0 (the
+     * newest the build modelled), stack NULL (not recorded: the default depended on the GPU);
+     * options that are not JSON read as none (CASE evaluates json_extract only on valid JSON).
+     * --nccl-version X.Y[.Z] becomes X x 10000 + Y x 100 + Z as mp_sim_nccl_version_parse
+     * reads it (CAST keeps a text's leading integer: "21.5" is 21, "5-1" is 5). */
+    "ALTER TABLE plans ADD COLUMN loss_chunks INTEGER NOT NULL DEFAULT 1;"
+    "ALTER TABLE plans ADD COLUMN nccl_version INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE plans ADD COLUMN stack TEXT;"
+    "UPDATE plans SET"
+    "  loss_chunks = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"loss-chunks\"') END AS INTEGER) FROM runs r WHERE r.id = plans.run_id), 1),"
+    "  stack = (SELECT CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.stack') END"
+    "    FROM runs r WHERE r.id = plans.run_id),"
+    "  nccl_version = coalesce((SELECT CAST(v AS INTEGER) * 10000"
+    "    + CAST(substr(v, instr(v, '.') + 1) AS INTEGER) * 100"
+    "    + CASE WHEN instr(substr(v, instr(v, '.') + 1), '.') > 0"
+    "      THEN CAST(substr(substr(v, instr(v, '.') + 1), instr(substr(v, instr(v, '.') + 1), '.') + 1) AS INTEGER)"
+    "      ELSE 0 END"
+    "    FROM (SELECT CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.\"nccl-version\"') END AS v"
+    "      FROM runs r WHERE r.id = plans.run_id) WHERE v IS NOT NULL), 0);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {
