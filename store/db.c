@@ -121,7 +121,7 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
      * newest the build modelled), stack NULL (not recorded: the default depended on the GPU);
      * options that are not JSON read as none (CASE evaluates json_extract only on valid JSON).
      * --nccl-version X.Y[.Z] becomes X x 10000 + Y x 100 + Z as mp_sim_nccl_version_parse
-     * reads it (CAST keeps a text's leading integer: "21.5" is 21, "5-1" is 5). */
+     * reads it (CAST keeps a text's leading integer: "21.5" is 21). */
     "ALTER TABLE plans ADD COLUMN loss_chunks INTEGER NOT NULL DEFAULT 1;"
     "ALTER TABLE plans ADD COLUMN nccl_version INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN stack TEXT;"
