@@ -225,10 +225,9 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
   out->found = 1;
   out->cand = *pickc;
   out->cand.error = NULL; /* the search's arena goes with res */
-  mp_plan_settings set;
-  mp_sim_evaluator_settings(ev, &set);
-  snprintf(out->stack, sizeof out->stack, "%s", set.stack);
-  out->loss_chunks = set.loss_chunks, out->nccl_version = set.nccl_version;
+  mp_sim_evaluator_settings(ev, &out->settings);
+  snprintf(out->stack, sizeof out->stack, "%s", out->settings.stack);
+  out->settings.stack = NULL; /* ev's name goes with ev */
   out->mesh = pickc->mesh;
   out->plan_id = pickc->plan_id;
   out->step_time_s = pickc->res.step_time_s;

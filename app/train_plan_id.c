@@ -8,16 +8,19 @@
  * batch (the plan's own, plans.global_batch, else the run's). An option given beside
  * --plan-id must say what the plan says; what the runtime does not execute is refused later
  * by the runtime's rule book (exec/runtime/check.c), as for a --mesh given.
- * The settings the plan was predicted under (plans.loss_chunks, .nccl_version, .stack):
- * loss_chunks goes into the plan options, so a chunked loss, which the runtime's memory
- * models do not run, is refused by the plan's own rule (exec/plan_loss.c) before anything is
- * launched; the stack and the NCCL version describe the prediction, not what the runtime
+ * The settings the plan was predicted under (planner/store.h mp_plan_settings): loss_chunks
+ * goes into the plan options, so a chunked loss, which the runtime's memory models do not
+ * run, is refused by the plan's own rule (exec/plan_loss.c) before anything is launched; the
+ * expert capacity factor is the runtime's drop rule (--moe-capacity-factor, which a value
+ * given must equal; the runtime's capacity check refuses it off the CPU backend); the stack,
+ * the NCCL version and the experts' imbalance describe the prediction, not what the runtime
  * executes (it runs its own stack, meshplan-cpu or meshplan-cuda, on the MPI or NCCL it was
- * built with), and are stated in the run's plan line. */
+ * built with, and routes the real tokens), and are stated in the run's plan line. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/limits.h"
 #include "common/status.h"
 #include "exec/mesh.h"
 #include "exec/plan.h"
@@ -85,6 +88,12 @@ static mp_status check_given(train_job *j, const mp_plan_row *r, const mp_run_ro
   MP_CHECK(agree(j, "--global-batch", po->global_batch > 0, po->global_batch, global_batch));
   MP_CHECK(agree(j, "--pp-virtual", mp_args_has(sp, "--pp-virtual"), po->pp_virtual, r->pp_virtual));
   MP_CHECK(agree(j, "--fp8 (1: on)", mp_args_has(sp, "--fp8"), po->fp8, r->fp8));
+  double cf = 0;
+  MP_CHECK(mp_args_double(j->ctx, sp, "--moe-capacity-factor", 0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO, &cf));
+  if (mp_args_has(sp, "--moe-capacity-factor") && cf != r->moe_capacity_factor)
+    return mp_error(j->ctx, MP_ERR_USAGE, "--moe-capacity-factor %g contradicts plan %lld's %g (%s; 0: dropless); "
+                    "drop --moe-capacity-factor to train the plan as stored, or drop --plan-id", cf, j->plan_id,
+                    r->moe_capacity_factor, j->db);
   return agree(j, "--sp (1) / --no-sp (0)", po->sp >= 0 && r->tp > 1, po->sp, r->sp);
 }
 
@@ -112,6 +121,7 @@ mp_status mp_train_stored_plan(train_job *j) {
   MP_CHECK(mp_runtime_model_check(j->ctx, &j->model, po->seq));
   po->global_batch = global_batch;
   po->loss_chunks = r.loss_chunks;
+  j->stored_capacity_factor = r.moe_capacity_factor; /* the runtime's drop rule (train_loop.c) */
   if (r.tp > 1) po->sp = r.sp;
   po->n_pp_layers = 0;
   mp_candidate c;

@@ -70,6 +70,8 @@ void mp_sim_evaluator_settings(const mp_sim_evaluator *ev, mp_plan_settings *out
   out->stack = ev->stack.name;
   out->loss_chunks = ev->base.loss_chunks > 1 ? ev->base.loss_chunks : 1;
   out->nccl_version = ev->stack.nccl_version;
+  out->moe_imbalance = ev->base.moe_routing.imbalance;
+  out->moe_capacity_factor = ev->base.moe_routing.capacity_factor;
 }
 
 void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom) {

@@ -102,9 +102,11 @@ void mp_train_json(cJSON *o, const mp_candidate *c, int64_t n_gpus, double token
 }
 
 void mp_plan_row_settings_str(const mp_plan_row *r, char *buf, size_t cap) {
-  char nccl[48] = "the newest NCCL modelled", loss[40] = "";
+  char nccl[48] = "the newest NCCL modelled", loss[40] = "", load[40] = "", cap_s[48] = "";
   const int v = r->nccl_version; /* major x 10000 + minor x 100 + patch */
   if (v > 0) snprintf(nccl, sizeof nccl, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
   if (r->loss_chunks > 1) snprintf(loss, sizeof loss, ", loss in %d chunks", r->loss_chunks);
-  snprintf(buf, cap, "stack %s, %s%s", r->stack[0] ? r->stack : "not recorded", nccl, loss);
+  if (r->moe_imbalance > 1) snprintf(load, sizeof load, ", expert imbalance %g", r->moe_imbalance);
+  if (r->moe_capacity_factor > 0) snprintf(cap_s, sizeof cap_s, ", expert capacity factor %g", r->moe_capacity_factor);
+  snprintf(buf, cap, "stack %s, %s%s%s%s", r->stack[0] ? r->stack : "not recorded", nccl, loss, load, cap_s);
 }

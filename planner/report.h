@@ -18,8 +18,8 @@ extern "C" {
 struct cJSON;
 
 /* The settings a plans row was predicted under, in words: "stack S" (or "stack not
- * recorded"), "NCCL X.Y.Z" (or "the newest NCCL modelled") and, with loss_chunks > 1, "loss
- * in N chunks", split by ", ". */
+ * recorded"), "NCCL X.Y.Z" (or "the newest NCCL modelled") and, where not off, "loss in N
+ * chunks", "expert imbalance F" and "expert capacity factor C", split by ", ". */
 void mp_plan_row_settings_str(const mp_plan_row *r, char *buf, size_t cap);
 
 /* The rules that rejected candidates (by[r] > 0, r != NONE) into order, largest count first

@@ -21,9 +21,7 @@ struct mp_store {
   int in_run;
   int64_t fault_after; /* < 0: off */
   sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
-  /* the open run's mp_plan_settings, bound on each of its plans rows (stack copied: the
-   * caller's string need not outlive mp_store_run_begin) */
-  int loss_chunks, nccl_version;
+  mp_plan_settings set; /* the open run's, bound on its plans rows; .stack is stack, a copy */
   char stack[64];
 };
 
@@ -51,8 +49,9 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
-                        " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?)",
+                        " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack,"
+                        " moe_imbalance, moe_capacity_factor)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -83,12 +82,12 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
   sqlite3_bind_text(q, i, s ? s : "", -1, SQLITE_TRANSIENT);
 }
 
-/* The settings the next plans rows are written with: loss_chunks 0 and 1 are both off and
- * stored as 1, the count torchtitan's default runs. */
-static void use_settings(mp_store *st, const mp_plan_settings *set) {
-  st->loss_chunks = set->loss_chunks > 1 ? set->loss_chunks : 1;
-  st->nccl_version = set->nccl_version;
-  snprintf(st->stack, sizeof st->stack, "%s", set->stack ? set->stack : "");
+/* The next plans rows' settings, "off" as 1 chunk (torchtitan's default), imbalance 1, factor 0. */
+static void use_settings(mp_store *st, const mp_plan_settings *s) {
+  snprintf(st->stack, sizeof st->stack, "%s", s->stack ? s->stack : "");
+  st->set = (mp_plan_settings){st->stack, s->loss_chunks > 1 ? s->loss_chunks : 1, s->nccl_version,
+                               s->moe_imbalance > 1 ? s->moe_imbalance : 1,
+                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0};
 }
 
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
@@ -177,10 +176,11 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 20, c->pp_split);
   sqlite3_bind_int(q, 21, m->etp);
   sqlite3_bind_int(q, 22, mp_mesh_dopt(m));
-  sqlite3_bind_int(q, 23, st->loss_chunks);
-  sqlite3_bind_int(q, 24, st->nccl_version);
-  if (st->stack[0]) sqlite3_bind_text(q, 25, st->stack, -1, SQLITE_STATIC);
-  else sqlite3_bind_null(q, 25);
+  sqlite3_bind_int(q, 23, st->set.loss_chunks);
+  sqlite3_bind_int(q, 24, st->set.nccl_version);
+  sqlite3_bind_text(q, 25, st->stack[0] ? st->stack : NULL, -1, SQLITE_STATIC); /* NULL: not recorded */
+  sqlite3_bind_double(q, 26, st->set.moe_imbalance);
+  sqlite3_bind_double(q, 27, st->set.moe_capacity_factor);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;
@@ -462,6 +462,7 @@ static int ac_code(const char *s, int *every) {
   "pl.id, pl.run_id, pl.idx, coalesce(pl.rank, 0), pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"      \
   " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"    \
   " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt, pl.loss_chunks, pl.nccl_version, pl.stack," \
+  " pl.moe_imbalance, pl.moe_capacity_factor,"                                                             \
   " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"                           \
   " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"                        \
   " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
@@ -497,6 +498,8 @@ static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   r->loss_chunks = sqlite3_column_int(q, c++);
   r->nccl_version = sqlite3_column_int(q, c++);
   col_text(q, c++, r->stack, sizeof r->stack);
+  r->moe_imbalance = sqlite3_column_double(q, c++);
+  r->moe_capacity_factor = sqlite3_column_double(q, c++);
   col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
   col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
   r->step_time_s = sqlite3_column_double(q, c++);

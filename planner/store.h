@@ -63,17 +63,20 @@
  * mp_plan_row_mesh and mp_run_segment_mesh turn a row back into the mesh it was written
  * from (mp_mesh_format of the two equal). Version 11 adds the settings a plan was predicted
  * under that are not the candidate's own fields (mp_plan_settings): plans.stack (the stack
- * profile's name), plans.loss_chunks (torchtitan's chunked loss, --loss-chunks; 1: off) and
+ * profile's name), plans.loss_chunks (torchtitan's chunked loss, --loss-chunks; 1: off),
  * plans.nccl_version (--nccl-version as major x 10000 + minor x 100 + patch; 0: the newest
- * NCCL the build models, sim/sim.h). The rows written before take them from their run's
- * options where the run gave them (store/db.c's migration); otherwise 1, 0 and NULL (stack
- * not recorded, read as "").
+ * NCCL the build models, sim/sim.h), plans.moe_imbalance (--moe-imbalance; 1: balanced) and
+ * plans.moe_capacity_factor (--moe-capacity-factor; 0: dropless). The rows written before take
+ * them from their run's options where the run gave them (store/db.c's migration); otherwise
+ * 1, 0, 1, 0 and NULL (stack not recorded, read as "").
  * Not stored as columns (runs.options keeps them as given, as JSON; no reader re-applies
- * them): the float8 recipe, --headroom, --nvlink-domain and --inter-gbps, and the
- * stack's switches --cp-rotate/--cp-comm-type, --data-parallel-sharding-strategy,
- * --fsdp-double-buffer, --fp8-param-gather, --nvfp4-no-rht, --fp8-dpa, --fp8-amax-tp-only,
- * --fp8-all-gather, --fp8-scope, the async-TP switches, --moe-imbalance and the capacity
- * options, --moe-dispatcher, --overlap-moe-comm, --moe-fp8-dispatch and --nccl-ctas.
+ * them): the float8 recipe, --headroom (the capacity is stored with the prediction),
+ * --nvlink-domain and --inter-gbps, --mtp-num-layers and --hf-config (the model is stored by
+ * name), and the stack's switches --cp-rotate/--cp-comm-type,
+ * --data-parallel-sharding-strategy, --fsdp-double-buffer, --fp8-param-gather,
+ * --nvfp4-no-rht, --fp8-dpa, --fp8-amax-tp-only, --fp8-all-gather, --fp8-scope,
+ * --async-tp/--no-async-tp, --moe-pad-expert-input-to-capacity,
+ * --moe-expert-rank-capacity-factor, --moe-dispatcher and --nccl-ctas.
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -115,6 +118,9 @@ typedef struct mp_plan_settings {
   const char *stack; /* the stack profile's name (mp_stack_profile.name) */
   int loss_chunks;   /* torchtitan's ChunkedLossWrapper num_chunks (exec/plan.h); <= 1: off */
   int nccl_version;  /* mp_stack_profile.nccl_version: 0 the newest NCCL the build models */
+  double moe_imbalance;       /* mp_moe_routing.imbalance (--moe-imbalance); <= 1: balanced */
+  double moe_capacity_factor; /* mp_moe_routing.capacity_factor (--moe-capacity-factor); <= 0:
+                                 dropless */
 } mp_plan_settings;
 
 /* What a run asked for. */
@@ -247,6 +253,7 @@ typedef struct mp_plan_row {
   int ac_every, sp, pp_virtual, pp_split;
   int etp, dopt; /* mp_mesh.etp and .dopt (version 10; rows written before: 0 and 1) */
   int loss_chunks, nccl_version; /* mp_plan_settings's (version 11; before: see above) */
+  double moe_imbalance, moe_capacity_factor;
   char stack[64];                /* the stack profile's name; "": not recorded */
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */

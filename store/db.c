@@ -114,18 +114,27 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
      * instances (exec/mesh.h's encoding; see planner/store.h) */
     "ALTER TABLE plans ADD COLUMN etp INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN dopt INTEGER NOT NULL DEFAULT 1;",
-    /* 10 -> 11: plans.loss_chunks, plans.nccl_version and plans.stack, the settings a plan was
-     * predicted under (see planner/store.h). The rows written before take them from their
-     * run's options (runs.options holds every option given, as JSON, since version 1) where
-     * the run gave them; otherwise the defaults those versions applied: 1 chunk, NCCL 0 (the
-     * newest the build modelled), stack NULL (not recorded: the default depended on the GPU);
-     * options that are not JSON read as none (CASE evaluates json_extract only on valid JSON).
-     * --nccl-version X.Y[.Z] becomes X x 10000 + Y x 100 + Z as mp_sim_nccl_version_parse
-     * reads it (CAST keeps a text's leading integer: "21.5" is 21). */
+    /* 10 -> 11: plans.loss_chunks, plans.nccl_version, plans.stack, plans.moe_imbalance and
+     * plans.moe_capacity_factor, the settings a plan was predicted under (see
+     * planner/store.h). The rows written before take them from their run's options
+     * (runs.options holds every option given, as JSON, since version 1) where the run gave
+     * them; otherwise the defaults those versions applied: 1 chunk, NCCL 0 (the newest the
+     * build modelled), imbalance 1, capacity factor 0 (dropless), stack NULL (not recorded:
+     * the default depended on the GPU). Options that are not JSON read as none (CASE
+     * evaluates json_extract only on valid JSON). --nccl-version X.Y[.Z] becomes X x 10000 +
+     * Y x 100 + Z as mp_sim_nccl_version_parse reads it (CAST keeps a text's leading integer:
+     * "21.5" is 21). */
     "ALTER TABLE plans ADD COLUMN loss_chunks INTEGER NOT NULL DEFAULT 1;"
     "ALTER TABLE plans ADD COLUMN nccl_version INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN stack TEXT;"
+    "ALTER TABLE plans ADD COLUMN moe_imbalance REAL NOT NULL DEFAULT 1;"
+    "ALTER TABLE plans ADD COLUMN moe_capacity_factor REAL NOT NULL DEFAULT 0;"
     "UPDATE plans SET"
+    "  moe_imbalance = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"moe-imbalance\"') END AS REAL) FROM runs r WHERE r.id = plans.run_id), 1),"
+    "  moe_capacity_factor = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"moe-capacity-factor\"') END AS REAL) FROM runs r"
+    "    WHERE r.id = plans.run_id), 0),"
     "  loss_chunks = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
     "    THEN json_extract(r.options, '$.\"loss-chunks\"') END AS INTEGER) FROM runs r WHERE r.id = plans.run_id), 1),"
     "  stack = (SELECT CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.stack') END"

@@ -12,6 +12,9 @@ dropped on the way would show).
     nccl_version_cli_test.py): the data-parallel group holds one rank a node, so NCCL 2.22
     (before PAT, which ships in 2.23) prices its collectives slower than the newest NCCL.
     2.22 is stored as 2 x 10000 + 22 x 100 = 22200.
+  - Experts' load: tiny-moe on 4 H100s at dp_shard=4 x ep=4 with --moe-imbalance 1.5 and
+    --moe-capacity-factor 1.25: the busiest EP rank's experts take 1.5 times the mean, cut to
+    the capacity, which the balanced plan does not price.
   - Stack: the profile named is stored by name; without --stack, the default for an H100
     (torchtitan-compile) and for the CPU (meshplan-cpu), with NCCL 0 (the newest modelled)
     and 1 loss chunk.
@@ -19,7 +22,10 @@ dropped on the way would show).
 train --plan-id carries a stored chunked loss into the plan it runs, so the plan's own rule
 refuses it (exec/plan_loss.c: the runtime's memory models compute the loss on the whole
 micro-batch) in one line, exit 2, naming loss_chunks and the plan; a plan without one trains
-and its plan line states the settings it was predicted under.
+and its plan line states the settings it was predicted under. A stored expert capacity factor
+is the runtime's drop rule: train --plan-id of a tiny-moe plan ranked with
+--moe-capacity-factor 1.25 trains with that factor (its header line says so), and a
+--moe-capacity-factor given that says otherwise is refused naming both.
 
 Usage: plan_settings_test.py MESHPLAN"""
 import json
@@ -47,11 +53,12 @@ def simulated(args, *extra):
     return json.loads(p.stdout) if p.returncode == 0 else {}
 
 
-def round_trip(name, args, given, want_stack, want_chunks, want_nccl):
-    """plan args + given into a fresh database: the stored settings are the wanted ones and the
-    stored prediction is simulate's of the same plan with given, not without."""
+def round_trip(name, args, given, want_stack, want_chunks, want_nccl, pin=()):
+    """plan args + given (+ pin, the --fix that makes its best plan simulate's default) into a
+    fresh database: the stored settings are the wanted ones and the stored prediction is
+    simulate's of the same plan with given, not without."""
     db = os.path.join(tmp, name + ".db")
-    run("plan", *args, *given, "--db", db, "--top", "1")
+    run("plan", *args, *given, *pin, "--db", db, "--top", "1")
     p = stored(db)
     check((p.get("stack"), p.get("loss_chunks"), p.get("nccl_version")) == (want_stack, want_chunks, want_nccl),
           f"{name}: stored settings {p.get('stack')}, {p.get('loss_chunks')}, {p.get('nccl_version')}")
@@ -78,6 +85,13 @@ check("predicted under stack torchtitan-eager, the newest NCCL modelled, loss in
 round_trip("nccl", NEMOTRON, ["--nccl-version", "2.22"], "megatron-core", 1, 22200)
 r = run("report", "--db", os.path.join(tmp, "nccl.db"), "--run", "1")
 check("predicted under stack megatron-core, NCCL 2.22.0\n" in r.stdout, "report's settings line: " + r.stdout)
+MOE = ["--model", "tiny-moe", "--gpus", "4", "--gpu", "h100-sxm", "--mesh", "dp_shard=4,ep=4", "--seq", "64",
+       "--global-batch", "16", "--micro-batch", "1", "--ac", "none"]
+# reshard pinned on, simulate's default (the search ranks reshard off first on this mesh)
+db = round_trip("moe", MOE, ["--moe-imbalance", "1.5", "--moe-capacity-factor", "1.25"], "torchtitan-compile", 1, 0,
+                pin=["--fix", "reshard=1"])
+p = stored(db)
+check((p.get("moe_imbalance"), p.get("moe_capacity_factor")) == (1.5, 1.25), f"moe: stored load {p}")
 H100 = ["--model", "llama3.1-8b", "--gpus", "8", "--gpu", "h100-sxm", "--mesh", "dp_shard=8", "--ac", "none",
         "--micro-batch", "1"]
 round_trip("default_gpu", H100, [], "torchtitan-compile", 1, 0)
@@ -101,6 +115,16 @@ check(len(lines) == 1 and f"plan 1 of {db}" in lines[0] and "loss_chunks 2 is to
       in lines[0] and "meshplan-cpu memory model" in lines[0], f"train of a chunked-loss plan: {p.stderr!r}")
 with sqlite3.connect(db) as c:
     check(c.execute("SELECT count(*) FROM measurements").fetchone() == (0,), "a refused plan recorded steps")
+db = os.path.join(tmp, "capacity_tiny.db")
+run("plan", "--model", "tiny-moe", "--gpus", "1", "--gpu", "h100-sxm", "--seq", "64", "--global-batch", "4",
+    "--micro-batch", "1", "--moe-capacity-factor", "1.25", "--db", db, "--top", "1")
+TINY_MOE = ["train", "--model", "tiny-moe", "--steps", "1", "--db", db, "--plan-id", "1"]
+p = run(*TINY_MOE)
+check(p.stdout.splitlines()[0].endswith(", expert capacity factor 1.25") if p.stdout else False,
+      "train of a plan with a capacity factor: " + p.stdout)
+p = run(*TINY_MOE, "--moe-capacity-factor", "2", want_rc=2)
+check(p.stderr.strip() == f"meshplan train: --moe-capacity-factor 2 contradicts plan 1's 1.25 ({db}; 0: dropless); "
+      "drop --moe-capacity-factor to train the plan as stored, or drop --plan-id", repr(p.stderr))
 
 for f in fails:
     print("FAIL:", f)
