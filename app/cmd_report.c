@@ -269,6 +269,8 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
     cJSON_AddNumberToObject(j, "nccl_version", p[i].nccl_version);
     cJSON_AddNumberToObject(j, "moe_imbalance", p[i].moe_imbalance);
     cJSON_AddNumberToObject(j, "moe_capacity_factor", p[i].moe_capacity_factor);
+    if (p[i].fp8_recipe[0]) cJSON_AddStringToObject(j, "fp8_recipe", p[i].fp8_recipe);
+    else cJSON_AddNullToObject(j, "fp8_recipe");
     cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
     cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
     if (p[i].n_measured) {

@@ -11,7 +11,9 @@
  * The settings the plan was predicted under (planner/store.h mp_plan_settings): loss_chunks
  * goes into the plan options, so a chunked loss, which the runtime's memory models do not
  * run, is refused by the plan's own rule (exec/plan_loss.c) before anything is launched; the
- * expert capacity factor is the runtime's drop rule (--moe-capacity-factor, which a value
+ * float8 recipe goes into the plan options too, so a recipe the runtime does not run
+ * (tensorwise only) is refused by the float8 pass's rule (exec/rules.c); the expert capacity
+ * factor is the runtime's drop rule (--moe-capacity-factor, which a value
  * given must equal; the runtime's capacity check refuses it off the CPU backend); the stack,
  * the NCCL version and the experts' imbalance describe the prediction, not what the runtime
  * executes (it runs its own stack, meshplan-cpu or meshplan-cuda, on the MPI or NCCL it was
@@ -88,6 +90,12 @@ static mp_status check_given(train_job *j, const mp_plan_row *r, const mp_run_ro
   MP_CHECK(agree(j, "--global-batch", po->global_batch > 0, po->global_batch, global_batch));
   MP_CHECK(agree(j, "--pp-virtual", mp_args_has(sp, "--pp-virtual"), po->pp_virtual, r->pp_virtual));
   MP_CHECK(agree(j, "--fp8 (1: on)", mp_args_has(sp, "--fp8"), po->fp8, r->fp8));
+  mp_fp8_recipe given = MP_FP8_DEFAULT, stored = MP_FP8_DEFAULT; /* --fp8 RECIPE against the plan's */
+  const char *fp8 = mp_args_get(sp, "--fp8");
+  if (fp8 && mp_fp8_recipe_parse(fp8, &given) && given != MP_FP8_DEFAULT && r->fp8_recipe[0] &&
+      (!mp_fp8_recipe_parse(r->fp8_recipe, &stored) || given != stored))
+    return mp_error(j->ctx, MP_ERR_USAGE, "--fp8 %s contradicts plan %lld's float8 recipe %s (%s); drop --fp8 to "
+                    "train the plan as stored, or drop --plan-id", fp8, j->plan_id, r->fp8_recipe, j->db);
   double cf = 0;
   MP_CHECK(mp_args_double(j->ctx, sp, "--moe-capacity-factor", 0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO, &cf));
   if (mp_args_has(sp, "--moe-capacity-factor") && cf != r->moe_capacity_factor)
@@ -121,6 +129,11 @@ mp_status mp_train_stored_plan(train_job *j) {
   MP_CHECK(mp_runtime_model_check(j->ctx, &j->model, po->seq));
   po->global_batch = global_batch;
   po->loss_chunks = r.loss_chunks;
+  /* a float8 plan's recipe, so the float8 pass refuses one the runtime does not run
+   * (exec/rules.c mp_rule_fp8_recipe_check) instead of the runtime's tensorwise standing in */
+  if (r.fp8 && r.fp8_recipe[0] && !mp_fp8_recipe_parse(r.fp8_recipe, &po->fp8_opts.recipe))
+    return mp_error(j->ctx, MP_ERR_DB, "plan %lld in %s has a float8 recipe this meshplan does not know (%s); plan "
+                    "again with this build", j->plan_id, j->db, r.fp8_recipe);
   j->stored_capacity_factor = r.moe_capacity_factor; /* the runtime's drop rule (train_loop.c) */
   if (r.tp > 1) po->sp = r.sp;
   po->n_pp_layers = 0;
@@ -146,7 +159,7 @@ mp_status mp_train_stored_plan(train_job *j) {
            "plan %lld of %s (run %lld: %s on %s, %s profile): mesh %s, micro-batch %lld, ac %s, float8 %s, %s%s; "
            "predicted under %s",
            j->plan_id, j->db, (long long)r.run_id, run.model, run.cluster, run.gpu, mesh_s,
-           (long long)r.micro_batch, ac, r.fp8 ? "on" : "off",
+           (long long)r.micro_batch, ac, r.fp8 ? (r.fp8_recipe[0] ? r.fp8_recipe : "on") : "off",
            pipe,
            r.tp > 1 ? (r.sp ? ", sp" : ", no sp") : "", settings);
   return MP_OK;

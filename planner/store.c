@@ -22,8 +22,9 @@ struct mp_store {
   int in_run;
   int64_t fault_after; /* < 0: off */
   sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
-  mp_plan_settings set; /* the open run's, bound on its plans rows; .stack is stack, a copy */
-  char stack[64];
+  mp_plan_settings set; /* the open run's, bound on its plans rows; .stack and .fp8_recipe
+                           point at the copies below */
+  char stack[64], fp8_recipe[16];
 };
 
 static sqlite3 *conn(mp_store *st) { return mp_db_sqlite(st->db); }
@@ -51,8 +52,8 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
                         " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack,"
-                        " moe_imbalance, moe_capacity_factor)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " moe_imbalance, moe_capacity_factor, fp8_recipe)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -86,9 +87,10 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
 /* The next plans rows' settings, "off" as 1 chunk (torchtitan's default), imbalance 1, factor 0. */
 static void use_settings(mp_store *st, const mp_plan_settings *s) {
   snprintf(st->stack, sizeof st->stack, "%s", s->stack ? s->stack : "");
+  snprintf(st->fp8_recipe, sizeof st->fp8_recipe, "%s", s->fp8_recipe ? s->fp8_recipe : "");
   st->set = (mp_plan_settings){st->stack, s->loss_chunks > 1 ? s->loss_chunks : 1, s->nccl_version,
                                s->moe_imbalance > 1 ? s->moe_imbalance : 1,
-                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0};
+                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0, st->fp8_recipe};
 }
 
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
@@ -182,6 +184,7 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_text(q, 25, st->stack[0] ? st->stack : NULL, -1, SQLITE_STATIC); /* NULL: not recorded */
   sqlite3_bind_double(q, 26, st->set.moe_imbalance);
   sqlite3_bind_double(q, 27, st->set.moe_capacity_factor);
+  sqlite3_bind_text(q, 28, c->fp8 && st->fp8_recipe[0] ? st->fp8_recipe : NULL, -1, SQLITE_STATIC);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;

@@ -66,11 +66,13 @@
  * profile's name), plans.loss_chunks (torchtitan's chunked loss, --loss-chunks; 1: off),
  * plans.nccl_version (--nccl-version as major x 10000 + minor x 100 + patch; 0: the newest
  * NCCL the build models, sim/sim.h), plans.moe_imbalance (--moe-imbalance; 1: balanced) and
- * plans.moe_capacity_factor (--moe-capacity-factor; 0: dropless). The rows written before take
- * them from their run's options where the run gave them (store/db.c's migration); otherwise
- * 1, 0, 1, 0 and NULL (stack not recorded, read as "").
+ * plans.moe_capacity_factor (--moe-capacity-factor; 0: dropless) and, on a float8 plan,
+ * plans.fp8_recipe (the recipe its float8 Linears run, the stack's default resolved; NULL on
+ * a bf16 plan). The rows written before take them from their run's options where the run
+ * gave them (store/db.c's migration); otherwise 1, 0, 1, 0, NULL (stack not recorded, read as
+ * "") and NULL (recipe not recorded).
  * Not stored as columns (runs.options keeps them as given, as JSON; no reader re-applies
- * them): the float8 recipe, --headroom (the capacity is stored with the prediction),
+ * them): --headroom (the capacity is stored with the prediction),
  * --nvlink-domain and --inter-gbps, --mtp-num-layers and --hf-config (the model is stored by
  * name), and the stack's switches --cp-rotate/--cp-comm-type,
  * --data-parallel-sharding-strategy, --fsdp-double-buffer, --fp8-param-gather,
@@ -121,6 +123,9 @@ typedef struct mp_plan_settings {
   double moe_imbalance;       /* mp_moe_routing.imbalance (--moe-imbalance); <= 1: balanced */
   double moe_capacity_factor; /* mp_moe_routing.capacity_factor (--moe-capacity-factor); <= 0:
                                  dropless */
+  const char *fp8_recipe;     /* the float8 candidates' recipe (mp_fp8_recipe_name of
+                                 mp_fp8_recipe_of: the stack's default resolved); NULL: none.
+                                 Written on the rows with float8 only */
 } mp_plan_settings;
 
 /* What a run asked for. */
@@ -255,6 +260,8 @@ typedef struct mp_plan_row {
   int loss_chunks, nccl_version; /* mp_plan_settings's (version 11; before: see above) */
   double moe_imbalance, moe_capacity_factor;
   char stack[64];                /* the stack profile's name; "": not recorded */
+  char fp8_recipe[16];           /* a float8 plan's recipe (mp_fp8_recipe_name); "": bf16, or
+                                    not recorded */
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];

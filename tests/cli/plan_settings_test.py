@@ -15,6 +15,8 @@ dropped on the way would show).
   - Experts' load: tiny-moe on 4 H100s at dp_shard=4 x ep=4 with --moe-imbalance 1.5 and
     --moe-capacity-factor 1.25: the busiest EP rank's experts take 1.5 times the mean, cut to
     the capacity, which the balanced plan does not price.
+  - Float8 recipe: the Llama plan with --fp8 rowwise stores rowwise, and its prediction is
+    simulate's under rowwise, not under tensorwise (the runtime's one recipe).
   - Stack: the profile named is stored by name; without --stack, the default for an H100
     (torchtitan-compile) and for the CPU (meshplan-cpu), with NCCL 0 (the newest modelled)
     and 1 loss chunk.
@@ -25,7 +27,10 @@ micro-batch) in one line, exit 2, naming loss_chunks and the plan; a plan withou
 and its plan line states the settings it was predicted under. A stored expert capacity factor
 is the runtime's drop rule: train --plan-id of a tiny-moe plan ranked with
 --moe-capacity-factor 1.25 trains with that factor (its header line says so), and a
---moe-capacity-factor given that says otherwise is refused naming both.
+--moe-capacity-factor given that says otherwise is refused naming both. A stored float8 recipe
+goes into the plan too: a rowwise plan is refused by the float8 pass's rule (the runtime runs
+tensorwise only), a tensorwise one trains and says so, and a --fp8 RECIPE given that says
+otherwise is refused naming both.
 
 Usage: plan_settings_test.py MESHPLAN"""
 import json
@@ -85,6 +90,15 @@ check("predicted under stack torchtitan-eager, the newest NCCL modelled, loss in
 round_trip("nccl", NEMOTRON, ["--nccl-version", "2.22"], "megatron-core", 1, 22200)
 r = run("report", "--db", os.path.join(tmp, "nccl.db"), "--run", "1")
 check("predicted under stack megatron-core, NCCL 2.22.0\n" in r.stdout, "report's settings line: " + r.stdout)
+db = os.path.join(tmp, "rowwise.db")
+FULL_AC = [("full" if a == "none" else a) for a in LLAMA]  # without chunked loss only full AC fits
+run("plan", *FULL_AC, "--fp8", "rowwise", "--db", db, "--top", "1")
+p = stored(db)
+rowwise, tensorwise = simulated(FULL_AC, "--fp8", "rowwise"), simulated(FULL_AC, "--fp8", "tensorwise")
+check((p.get("fp8"), p.get("fp8_recipe")) == (True, "rowwise"), f"rowwise: stored {p}")
+check((p.get("step_time_s"), p.get("peak_mem_bytes")) == (rowwise.get("step_time_s"), rowwise.get("peak_mem_bytes")),
+      f"rowwise: stored {p.get('step_time_s')!r}, simulate's {rowwise.get('step_time_s')!r}")
+check(rowwise.get("step_time_s") != tensorwise.get("step_time_s"), "rowwise and tensorwise price the same")
 MOE = ["--model", "tiny-moe", "--gpus", "4", "--gpu", "h100-sxm", "--mesh", "dp_shard=4,ep=4", "--seq", "64",
        "--global-batch", "16", "--micro-batch", "1", "--ac", "none"]
 # reshard pinned on, simulate's default (the search ranks reshard off first on this mesh)
@@ -115,6 +129,21 @@ check(len(lines) == 1 and f"plan 1 of {db}" in lines[0] and "loss_chunks 2 is to
       in lines[0] and "meshplan-cpu memory model" in lines[0], f"train of a chunked-loss plan: {p.stderr!r}")
 with sqlite3.connect(db) as c:
     check(c.execute("SELECT count(*) FROM measurements").fetchone() == (0,), "a refused plan recorded steps")
+for recipe, cluster in [("rowwise", "h100-sxm"), ("on", "cpu")]:
+    db = os.path.join(tmp, f"fp8_{recipe}.db")
+    run("plan", "--model", "tiny-dense", "--gpus", "1", "--gpu", cluster, "--micro-batch", "1", "--global-batch", "4",
+        "--fp8", recipe, "--db", db, "--top", "1")
+    TINY = ["train", "--model", "tiny-dense", "--steps", "1", "--db", db, "--plan-id", "1"]
+    if recipe == "rowwise":
+        p = run(*TINY, want_rc=2)
+        check(p.stderr.strip() == f"meshplan train: plan 1 of {db}: float8 recipe rowwise is not one meshplan's "
+              "runtime runs (it runs tensorwise); choose one of those, or a stack that runs rowwise", repr(p.stderr))
+        continue
+    p = run(*TINY)
+    check(", float8 tensorwise, no pipeline; predicted under stack meshplan-cpu" in p.stdout, "float8 plan: " + p.stdout)
+    p = run(*TINY, "--fp8", "rowwise", want_rc=2)
+    check(p.stderr.strip() == f"meshplan train: --fp8 rowwise contradicts plan 1's float8 recipe tensorwise ({db}); "
+          "drop --fp8 to train the plan as stored, or drop --plan-id", repr(p.stderr))
 db = os.path.join(tmp, "capacity_tiny.db")
 run("plan", "--model", "tiny-moe", "--gpus", "1", "--gpu", "h100-sxm", "--seq", "64", "--global-batch", "4",
     "--micro-batch", "1", "--moe-capacity-factor", "1.25", "--db", db, "--top", "1")
