@@ -271,6 +271,8 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
     cJSON_AddNumberToObject(j, "moe_capacity_factor", p[i].moe_capacity_factor);
     if (p[i].fp8_recipe[0]) cJSON_AddStringToObject(j, "fp8_recipe", p[i].fp8_recipe);
     else cJSON_AddNullToObject(j, "fp8_recipe");
+    if (p[i].mtp_layers >= 0) cJSON_AddNumberToObject(j, "mtp_layers", p[i].mtp_layers);
+    else cJSON_AddNullToObject(j, "mtp_layers");
     cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
     cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
     if (p[i].n_measured) {

@@ -54,7 +54,8 @@ static mp_status agree(train_job *j, const char *opt, int given, long long value
                   "stored, or drop --plan-id", opt, value, j->plan_id, plan_value, j->db, opt);
 }
 
-/* The run's model and world size must be the plan's. */
+/* The run's model (its name and its MTP depth, which --mtp-num-layers sets beside the name)
+ * and world size must be the plan's. */
 static mp_status check_run(train_job *j, const mp_plan_row *r, const mp_run_row *run) {
   if (strcmp(run->model, j->model.name) != 0)
     return mp_error(j->ctx, MP_ERR_USAGE, "--plan-id %lld is a plan for model %s (run %lld of %s), not %s; give "
@@ -64,6 +65,11 @@ static mp_status check_run(train_job *j, const mp_plan_row *r, const mp_run_row 
     return mp_error(j->ctx, MP_ERR_USAGE, "--plan-id %lld is a plan for %d ranks (run %lld of %s), this run has "
                     "%d; launch it with mpirun -np %d, or plan for %d", j->plan_id, run->n_gpus,
                     (long long)r->run_id, j->db, j->launch.world, run->n_gpus, j->launch.world);
+  if (r->mtp_layers >= 0 && r->mtp_layers != j->model.mtp_layers)
+    return mp_error(j->ctx, MP_ERR_USAGE, "--plan-id %lld is a plan of %s with %d multi-token-prediction modules "
+                    "(run %lld of %s), this run's has %lld; give --mtp-num-layers %d, or a plan of this model",
+                    j->plan_id, run->model, r->mtp_layers, (long long)r->run_id, j->db,
+                    (long long)j->model.mtp_layers, r->mtp_layers);
   if (r->ac < 0)
     return mp_error(j->ctx, MP_ERR_DB, "plan %lld in %s has an AC policy this meshplan does not know; plan "
                     "again with this build", j->plan_id, j->db);

@@ -73,6 +73,7 @@ void mp_sim_evaluator_settings(const mp_sim_evaluator *ev, mp_plan_settings *out
   out->moe_imbalance = ev->base.moe_routing.imbalance;
   out->moe_capacity_factor = ev->base.moe_routing.capacity_factor;
   out->fp8_recipe = mp_fp8_recipe_name(mp_fp8_recipe_of(ev->base.fp8_opts.recipe, ev->base.mem_model));
+  out->mtp_layers = (int)ev->model->mtp_layers;
 }
 
 void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom) {

@@ -60,7 +60,7 @@ void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_
 /* The settings ev predicts every candidate under that the store keeps beside the candidate
  * (planner/store.h, version 11): the stack's name and the NCCL version (ev->stack), the
  * chunked loss's count, the experts' load and the float8 recipe (ev->base, the stack's
- * default resolved). out->stack points into ev; out->fp8_recipe is a static name. */
+ * default resolved), the model's MTP modules (ev->model). out->stack points into ev; out->fp8_recipe is a static name. */
 void mp_sim_evaluator_settings(const mp_sim_evaluator *ev, mp_plan_settings *out);
 /* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
  * without TP), reshard_after_forward, vocab padded when tp does not divide it, SP, the

@@ -52,8 +52,8 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
                         " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack,"
-                        " moe_imbalance, moe_capacity_factor, fp8_recipe)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " moe_imbalance, moe_capacity_factor, fp8_recipe, mtp_layers)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -90,7 +90,8 @@ static void use_settings(mp_store *st, const mp_plan_settings *s) {
   snprintf(st->fp8_recipe, sizeof st->fp8_recipe, "%s", s->fp8_recipe ? s->fp8_recipe : "");
   st->set = (mp_plan_settings){st->stack, s->loss_chunks > 1 ? s->loss_chunks : 1, s->nccl_version,
                                s->moe_imbalance > 1 ? s->moe_imbalance : 1,
-                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0, st->fp8_recipe};
+                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0, st->fp8_recipe,
+                               s->mtp_layers};
 }
 
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
@@ -185,6 +186,7 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_double(q, 26, st->set.moe_imbalance);
   sqlite3_bind_double(q, 27, st->set.moe_capacity_factor);
   sqlite3_bind_text(q, 28, c->fp8 && st->fp8_recipe[0] ? st->fp8_recipe : NULL, -1, SQLITE_STATIC);
+  sqlite3_bind_int(q, 29, st->set.mtp_layers);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;

@@ -68,13 +68,15 @@
  * NCCL the build models, sim/sim.h), plans.moe_imbalance (--moe-imbalance; 1: balanced) and
  * plans.moe_capacity_factor (--moe-capacity-factor; 0: dropless) and, on a float8 plan,
  * plans.fp8_recipe (the recipe its float8 Linears run, the stack's default resolved; NULL on
- * a bf16 plan). The rows written before take them from their run's options where the run
- * gave them (store/db.c's migration); otherwise 1, 0, 1, 0, NULL (stack not recorded, read as
- * "") and NULL (recipe not recorded).
+ * a bf16 plan), and plans.mtp_layers (the model's multi-token-prediction modules, which
+ * --mtp-num-layers sets beside the model's name). The rows written before take them from their
+ * run's options where the run gave them (store/db.c's migration); otherwise 1, 0, 1, 0, NULL
+ * (stack not recorded, read as ""), NULL (recipe not recorded) and NULL (MTP not recorded,
+ * read as -1).
  * Not stored as columns (runs.options keeps them as given, as JSON; no reader re-applies
  * them): --headroom (the capacity is stored with the prediction),
- * --nvlink-domain and --inter-gbps, --mtp-num-layers and --hf-config (the model is stored by
- * name), and the stack's switches --cp-rotate/--cp-comm-type,
+ * --nvlink-domain and --inter-gbps, --hf-config (the model is stored by name), and the
+ * stack's switches --cp-rotate/--cp-comm-type,
  * --data-parallel-sharding-strategy, --fsdp-double-buffer, --fp8-param-gather,
  * --nvfp4-no-rht, --fp8-dpa, --fp8-amax-tp-only, --fp8-all-gather, --fp8-scope,
  * --async-tp/--no-async-tp, --moe-pad-expert-input-to-capacity,
@@ -126,6 +128,8 @@ typedef struct mp_plan_settings {
   const char *fp8_recipe;     /* the float8 candidates' recipe (mp_fp8_recipe_name of
                                  mp_fp8_recipe_of: the stack's default resolved); NULL: none.
                                  Written on the rows with float8 only */
+  int mtp_layers;             /* the model's multi-token-prediction modules (mp_model.mtp_layers,
+                                 --mtp-num-layers): the model is stored by name only */
 } mp_plan_settings;
 
 /* What a run asked for. */
@@ -262,6 +266,7 @@ typedef struct mp_plan_row {
   char stack[64];                /* the stack profile's name; "": not recorded */
   char fp8_recipe[16];           /* a float8 plan's recipe (mp_fp8_recipe_name); "": bf16, or
                                     not recorded */
+  int mtp_layers;                /* the model's MTP modules; -1: not recorded */
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];

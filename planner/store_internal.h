@@ -23,7 +23,7 @@
   "pl.id, pl.run_id, pl.idx, coalesce(pl.rank, 0), pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"      \
   " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"    \
   " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt, pl.loss_chunks, pl.nccl_version, pl.stack," \
-  " pl.moe_imbalance, pl.moe_capacity_factor, pl.fp8_recipe,"                                                             \
+  " pl.moe_imbalance, pl.moe_capacity_factor, pl.fp8_recipe, coalesce(pl.mtp_layers, -1),"                                                             \
   " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"                           \
   " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"                        \
   " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"

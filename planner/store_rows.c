@@ -84,6 +84,7 @@ void mp_store_read_plan(sqlite3_stmt *q, mp_plan_row *r) {
   r->moe_imbalance = sqlite3_column_double(q, c++);
   r->moe_capacity_factor = sqlite3_column_double(q, c++);
   mp_store_col_text(q, c++, r->fp8_recipe, sizeof r->fp8_recipe);
+  r->mtp_layers = sqlite3_column_int(q, c++);
   mp_store_col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
   mp_store_col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
   r->step_time_s = sqlite3_column_double(q, c++);

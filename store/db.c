@@ -115,14 +115,16 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "ALTER TABLE plans ADD COLUMN etp INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN dopt INTEGER NOT NULL DEFAULT 1;",
     /* 10 -> 11: plans.loss_chunks, plans.nccl_version, plans.stack, plans.moe_imbalance,
-     * plans.moe_capacity_factor and plans.fp8_recipe, the settings a plan was predicted under
+     * plans.moe_capacity_factor, plans.fp8_recipe and plans.mtp_layers, the settings a plan
+     * was predicted under
      * (see planner/store.h). The rows written before take them from their run's options
      * (runs.options holds every option given, as JSON, since version 1) where the run gave
      * them; otherwise the defaults those versions applied: 1 chunk, NCCL 0 (the newest the
      * build modelled), imbalance 1, capacity factor 0 (dropless), stack NULL (not recorded:
-     * the default depended on the GPU), and on a float8 plan the recipe --fp8 named, its
-     * other names mapped as mp_fp8_recipe_parse maps them (on, auto or bare: the stack's
-     * default, not recorded). Options that are not JSON read as none (CASE
+     * the default depended on the GPU), on a float8 plan the recipe --fp8 named, its other
+     * names mapped as mp_fp8_recipe_parse maps them (on, auto or bare: the stack's default,
+     * not recorded), and the --mtp-num-layers given (without: the model's own, not
+     * recorded, NULL). Options that are not JSON read as none (CASE
      * evaluates json_extract only on valid JSON). --nccl-version X.Y[.Z] becomes X x 10000 +
      * Y x 100 + Z as mp_sim_nccl_version_parse reads it (CAST keeps a text's leading integer:
      * "21.5" is 21). */
@@ -132,7 +134,10 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
     "ALTER TABLE plans ADD COLUMN moe_imbalance REAL NOT NULL DEFAULT 1;"
     "ALTER TABLE plans ADD COLUMN moe_capacity_factor REAL NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN fp8_recipe TEXT;"
+    "ALTER TABLE plans ADD COLUMN mtp_layers INTEGER;"
     "UPDATE plans SET"
+    "  mtp_layers = (SELECT CAST(CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.\"mtp-num-layers\"')"
+    "    END AS INTEGER) FROM runs r WHERE r.id = plans.run_id),"
     "  fp8_recipe = (SELECT CASE WHEN v IN ('current', 'fp8_cs') THEN 'tensorwise' WHEN v = 'fp8_mx' THEN 'mxfp8'"
     "    WHEN v IN ('fp8_sc', 'subchannel') THEN 'blockwise' WHEN v IN ('tensorwise', 'delayed', 'rowwise',"
     "    'mxfp8', 'blockwise', 'nvfp4') THEN v END FROM (SELECT CASE WHEN json_valid(r.options)"

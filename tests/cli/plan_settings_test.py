@@ -30,7 +30,9 @@ is the runtime's drop rule: train --plan-id of a tiny-moe plan ranked with
 --moe-capacity-factor given that says otherwise is refused naming both. A stored float8 recipe
 goes into the plan too: a rowwise plan is refused by the float8 pass's rule (the runtime runs
 tensorwise only), a tensorwise one trains and says so, and a --fp8 RECIPE given that says
-otherwise is refused naming both.
+otherwise is refused naming both. The model's multi-token-prediction depth is stored with the
+plan (the model is stored by name): a tiny-dense plan with --mtp-num-layers 1 is refused for a
+run of tiny-dense without it, naming the depth.
 
 Usage: plan_settings_test.py MESHPLAN"""
 import json
@@ -144,6 +146,13 @@ for recipe, cluster in [("rowwise", "h100-sxm"), ("on", "cpu")]:
     p = run(*TINY, "--fp8", "rowwise", want_rc=2)
     check(p.stderr.strip() == f"meshplan train: --fp8 rowwise contradicts plan 1's float8 recipe tensorwise ({db}); "
           "drop --fp8 to train the plan as stored, or drop --plan-id", repr(p.stderr))
+db = os.path.join(tmp, "mtp.db")
+run("plan", "--model", "tiny-dense", "--gpus", "1", "--gpu", "h100-sxm", "--micro-batch", "1", "--global-batch", "4",
+    "--mtp-num-layers", "1", "--db", db, "--top", "1")
+check(stored(db).get("mtp_layers") == 1, "mtp: stored " + str(stored(db)))
+p = run("train", "--model", "tiny-dense", "--steps", "1", "--db", db, "--plan-id", "1", want_rc=2)
+check(p.stderr.strip() == f"meshplan train: --plan-id 1 is a plan of tiny-dense with 1 multi-token-prediction "
+      f"modules (run 1 of {db}), this run's has 0; give --mtp-num-layers 1, or a plan of this model", repr(p.stderr))
 db = os.path.join(tmp, "capacity_tiny.db")
 run("plan", "--model", "tiny-moe", "--gpus", "1", "--gpu", "h100-sxm", "--seq", "64", "--global-batch", "4",
     "--micro-batch", "1", "--moe-capacity-factor", "1.25", "--db", db, "--top", "1")

@@ -421,7 +421,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
           " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
-          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe;"
+          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -482,7 +482,7 @@ TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
 TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
   std::string path = made_db("v4.db", 1);
   exec_on(path,
-          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe;"
+          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
           " UPDATE schema_version SET version=4; PRAGMA user_version=4");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -608,7 +608,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
 // rows and equal the search's, and its ranked plans read back unchanged by the migration.
 TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
-  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe;"
+  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                 " UPDATE schema_version SET version=5; PRAGMA user_version=5");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -826,7 +826,7 @@ TEST(Store, PlanReadByIdIsItsRankedRow) {
 // keeps the grid and the instances.
 TEST(StoreIdentity, Version9MigratesToMeshesWithGridAndInstances) {
   std::string path = made_db("v9.db", 1);
-  exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe;"
+  exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                 " UPDATE schema_version SET version=9; PRAGMA user_version=9");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -916,7 +916,7 @@ TEST(Store, PredictionSettingsRoundTrip) {
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   mp_run_info info = {"tiny-dense", "1xfake", "fake-gpu", 8, 8, 4096, 32, "time", "{}", "test", "test"};
-  info.settings = {"torchtitan-eager", 8, 22105, 1.5, 1.25, "rowwise"};
+  info.settings = {"torchtitan-eager", 8, 22105, 1.5, 1.25, "rowwise", 2};
   int64_t run = 0;
   ASSERT_EQ(mp_store_run_begin(&ctx, st, &info, &run), MP_OK) << mp_errmsg(&ctx);
   int64_t ids[2] = {0, 0};
@@ -950,6 +950,7 @@ TEST(Store, PredictionSettingsRoundTrip) {
     EXPECT_EQ(r.moe_imbalance, 1.5);
     EXPECT_EQ(r.moe_capacity_factor, 1.25);
     EXPECT_STREQ(r.fp8_recipe, i ? "rowwise" : "");
+    EXPECT_EQ(r.mtp_layers, 2);
     EXPECT_EQ(r.step_time_s, 1.5 + i);
     mp_plan_row_settings_str(&r, words, sizeof words);
     EXPECT_STREQ(words, "stack torchtitan-eager, NCCL 2.21.5, loss in 8 chunks, expert imbalance 1.5, expert capacity "
@@ -982,14 +983,16 @@ TEST(Store, PredictionSettingsRoundTrip) {
 // given) and otherwise the defaults version 10 ran: 1 chunk, NCCL 0 (the newest modelled),
 // imbalance 1, capacity factor 0, stack NULL, float8 recipe NULL. Run 1 gave --loss-chunks 8
 // --nccl-version 2.23 --stack torchtitan-eager --moe-imbalance 1.5 --moe-capacity-factor 1.25
-// --fp8 current (2.23 is 2 x 10000 + 23 x 100 = 22300; current is Transformer Engine's name for
-// tensorwise), run 2 gave --fp8 on (the stack's recipe: not recorded), run 3 is train's
+// --fp8 current --mtp-num-layers 1 (2.23 is 2 x 10000 + 23 x 100 = 22300; current is
+// Transformer Engine's name for tensorwise), run 2 gave --fp8 on (the stack's recipe: not
+// recorded) and no --mtp-num-layers (the model's own: not recorded, -1), run 3 is train's
 // ({"source": ...}) and run 4's options are not JSON, which the migration reads as none
 // instead of failing on them. Every plan is float8, so each could carry a recipe.
 TEST(StoreIdentity, Version10PlansTakeTheirRunsOptions) {
   const std::string path = FreshDbPath("v10.db");
   const char *opts[4] = {"{\"loss-chunks\": \"8\", \"nccl-version\": \"2.23\", \"stack\": \"torchtitan-eager\","
-                         " \"moe-imbalance\": \"1.5\", \"moe-capacity-factor\": \"1.25\", \"fp8\": \"current\"}",
+                         " \"moe-imbalance\": \"1.5\", \"moe-capacity-factor\": \"1.25\", \"fp8\": \"current\","
+                         " \"mtp-num-layers\": \"1\"}",
                          "{\"fp8\": \"on\"}", "{\"source\": \"meshplan train --db\"}", "not json"};
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -1010,7 +1013,7 @@ TEST(StoreIdentity, Version10PlansTakeTheirRunsOptions) {
   }
   mp_store_close(st);
   exec_on(path, "ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version;"
-                " ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; UPDATE schema_version SET version=10; PRAGMA user_version=10");
+                " ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers; UPDATE schema_version SET version=10; PRAGMA user_version=10");
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
   const int want_chunks[4] = {8, 1, 1, 1}, want_nccl[4] = {22300, 0, 0, 0};
@@ -1024,6 +1027,7 @@ TEST(StoreIdentity, Version10PlansTakeTheirRunsOptions) {
     EXPECT_EQ(r.moe_imbalance, i == 0 ? 1.5 : 1.0) << i;
     EXPECT_EQ(r.moe_capacity_factor, i == 0 ? 1.25 : 0.0) << i;
     EXPECT_STREQ(r.fp8_recipe, i == 0 ? "tensorwise" : "") << i;
+    EXPECT_EQ(r.mtp_layers, i == 0 ? 1 : -1) << i;
   }
   mp_store_close(st);
 }
