@@ -336,12 +336,12 @@ static void make_request(const plan_args *a, mp_sim_evaluator *ev, const char *o
   memset(req, 0, sizeof *req);
   mp_plan_setup_search(&a->setup, &a->c, ev, &req->search);
   req->objective = a->obj;
-  req->price_per_gpu_hour = a->price;
-  req->show_progress = 1;
+  req->price_per_gpu_hour = a->price, req->show_progress = 1;
   req->info = (mp_run_info){.model = a->m.name, .cluster = a->c.name, .gpu = a->c.gpu.name,
                             .n_gpus = mp_cluster_n_gpus(&a->c), .gpus_per_node = a->c.gpus_per_node,
                             .seq = a->seq, .global_batch = a->gb, .objective = mp_objective_name(a->obj),
                             .options_json = opts_json, .command = cmdline, .tool_version = MESHPLAN_VERSION};
+  mp_sim_evaluator_settings(ev, &req->info.settings); /* the stack, --loss-chunks, --nccl-version */
   req->ranked_only = !mp_args_has(&k_spec, "--log-all");
   /* what is shown of a plan over capacity, unless logged, explained or plotted, is that it
    * is over: its simulation stops at the first stage over capacity, or at the step bound

@@ -21,6 +21,7 @@
 #include "app/import_log.h"
 #include "exec/mesh.h"
 #include "planner/plot.h"
+#include "planner/report.h"
 #include "planner/search.h"
 #include "planner/store.h"
 
@@ -261,6 +262,17 @@ static void print_run_json(const mp_run_row *run, const mp_plan_row *p, int64_t 
     cJSON_AddStringToObject(j, "ac", mp_search_ac_name(p[i].ac));
     cJSON_AddBoolToObject(j, "fp8", p[i].fp8);
     cJSON_AddNumberToObject(j, "micro_batch", (double)p[i].micro_batch);
+    /* the settings it was predicted under (planner/store.h, version 11) */
+    if (p[i].stack[0]) cJSON_AddStringToObject(j, "stack", p[i].stack);
+    else cJSON_AddNullToObject(j, "stack");
+    cJSON_AddNumberToObject(j, "loss_chunks", p[i].loss_chunks);
+    cJSON_AddNumberToObject(j, "nccl_version", p[i].nccl_version);
+    cJSON_AddNumberToObject(j, "moe_imbalance", p[i].moe_imbalance);
+    cJSON_AddNumberToObject(j, "moe_capacity_factor", p[i].moe_capacity_factor);
+    if (p[i].fp8_recipe[0]) cJSON_AddStringToObject(j, "fp8_recipe", p[i].fp8_recipe);
+    else cJSON_AddNullToObject(j, "fp8_recipe");
+    if (p[i].mtp_layers >= 0) cJSON_AddNumberToObject(j, "mtp_layers", p[i].mtp_layers);
+    else cJSON_AddNullToObject(j, "mtp_layers");
     cJSON_AddNumberToObject(j, "step_time_s", p[i].step_time_s);
     cJSON_AddNumberToObject(j, "peak_mem_bytes", (double)p[i].peak_mem_bytes);
     if (p[i].n_measured) {
@@ -302,12 +314,15 @@ static int show_run(mp_store *st, mp_arena *a, int64_t run_id, int64_t top, int 
          run.n_gpus,
          device_word(run.gpu, run.n_gpus), (long long)run.seq, (long long)run.global_batch,
          MP_CMD_CELL(run.objective, objective), run.status);
-  printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n\n", (long long)run.n_candidates,
+  printf("%lld candidates, %lld pruned, %lld simulated, %lld feasible\n", (long long)run.n_candidates,
          (long long)run.n_pruned, (long long)run.n_evaluated, (long long)run.n_feasible);
   if (n == 0) {
-    printf("no feasible plan in this run\n");
+    printf("\nno feasible plan in this run\n");
     return 0;
   }
+  char settings[160]; /* one search's: its ranked plans share them */
+  mp_plan_row_settings_str(&p[0], settings, sizeof settings);
+  printf("predicted under %s\n\n", settings);
   int any_measured = 0;
   for (int64_t i = 0; i < n; i++) any_measured |= p[i].n_measured > 0;
   const char *per = strcmp(run.gpu, "cpu") == 0 ? "peak/rank" : "peak/GPU";

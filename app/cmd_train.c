@@ -198,6 +198,7 @@ static void make_request(const mp_model *m, const mp_cluster *c, int world, cons
   req->info.options_json = best ? "{\"source\": \"meshplan train --auto\"}" : "{\"source\": \"meshplan train --db\"}";
   req->info.command = best ? "meshplan train --auto" : "meshplan train --db";
   req->info.tool_version = MESHPLAN_VERSION;
+  mp_sim_evaluator_settings(ev, &req->info.settings);
 }
 
 /* The candidate of res that train takes into *out: the best feasible one (best), or the
@@ -224,6 +225,9 @@ static mp_status take_pick(mp_ctx *ctx, const mp_planner_result *res, mp_sim_eva
   out->found = 1;
   out->cand = *pickc;
   out->cand.error = NULL; /* the search's arena goes with res */
+  mp_sim_evaluator_settings(ev, &out->settings);
+  snprintf(out->stack, sizeof out->stack, "%s", out->settings.stack);
+  out->settings.stack = NULL; /* ev's name goes with ev */
   out->mesh = pickc->mesh;
   out->plan_id = pickc->plan_id;
   out->step_time_s = pickc->res.step_time_s;

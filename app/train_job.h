@@ -41,6 +41,8 @@ typedef struct train_pick {
   int64_t plan_id;          /* 0 without a database */
   double step_time_s;       /* predicted */
   mp_candidate cand;        /* the candidate itself (its error message not kept) */
+  mp_plan_settings settings; /* what it was predicted under; .stack NULL: stack[] holds it */
+  char stack[64];
   int64_t peak_mem_bytes;   /* predicted, with the stack's runtime overhead and fragmentation */
   int64_t alloc_peak_bytes; /* predicted peak of the allocations alone: what the tracked
                                allocator measures */
@@ -77,6 +79,7 @@ typedef struct train_job {
   char run_created[32];
   mp_mesh stored_mesh;     /* --plan-id: the plan's mesh (train_plan_id.c) */
   char stored_line[512];   /* --plan-id: what the plan is, rank 0's line before the steps */
+  double stored_capacity_factor; /* --plan-id: the plan's --moe-capacity-factor (0: dropless) */
   int profile, want_auto;
   int eval_only;    /* --eval-only: the restored weights' eval loss, no step */
   mp_model model;

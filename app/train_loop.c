@@ -150,6 +150,8 @@ mp_status mp_train_read_loop_options(train_job *j) {
    * experts' count never drops, and the capacity's arithmetic stays exact in int64 */
   MP_CHECK(mp_args_double(ctx, sp, "--moe-capacity-factor", 0, MP_LIM_MOE_LOAD, MP_RANGE_OPEN_LO,
                           &j->ro.moe_capacity_factor));
+  /* a stored plan's factor, which one given must equal (train_plan_id.c) */
+  if (mp_args_has(sp, "--plan-id")) j->ro.moe_capacity_factor = j->stored_capacity_factor;
   return mp_runtime_capacity_check(ctx, &j->model, &j->po, j->ro.moe_capacity_factor);
 }
 

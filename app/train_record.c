@@ -294,7 +294,9 @@ long long mp_train_resumed_run(train_job *j) {
 mp_status mp_train_db_segment(train_job *j) {
   mp_store *st = NULL;
   MP_CHECK(mp_store_open(j->ctx, j->db, &st));
-  mp_status s = mp_store_add_plan(j->ctx, st, j->continue_run, &j->pick.cand);
+  mp_plan_settings set = j->pick.settings;
+  set.stack = j->pick.stack;
+  mp_status s = mp_store_add_plan(j->ctx, st, j->continue_run, &j->pick.cand, &set);
   mp_store_close(st);
   MP_CHECK(s);
   j->plan_id = j->pick.plan_id = j->pick.cand.plan_id;

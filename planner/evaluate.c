@@ -66,6 +66,16 @@ mp_status mp_sim_evaluator_init(mp_ctx *ctx, mp_sim_evaluator *ev, const mp_mode
   return MP_OK;
 }
 
+void mp_sim_evaluator_settings(const mp_sim_evaluator *ev, mp_plan_settings *out) {
+  out->stack = ev->stack.name;
+  out->loss_chunks = ev->base.loss_chunks > 1 ? ev->base.loss_chunks : 1;
+  out->nccl_version = ev->stack.nccl_version;
+  out->moe_imbalance = ev->base.moe_routing.imbalance;
+  out->moe_capacity_factor = ev->base.moe_routing.capacity_factor;
+  out->fp8_recipe = mp_fp8_recipe_name(mp_fp8_recipe_of(ev->base.fp8_opts.recipe, ev->base.mem_model));
+  out->mtp_layers = (int)ev->model->mtp_layers;
+}
+
 void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom) {
   mp_search_config_init(cfg);
   cfg->model = ev->model;

@@ -23,6 +23,7 @@
 
 #include "exec/plan.h"
 #include "planner/search.h"
+#include "planner/store.h"
 #include "sim/sim.h"
 #include "sim/stack.h"
 
@@ -56,6 +57,11 @@ void mp_sim_evaluator_free(mp_sim_evaluator *ev);
  * clears prune_dominated): what meshplan plan, train and plan_bench search. The rest of
  * *cfg is mp_search_config_init's; the caller adds its constraints. */
 void mp_sim_search_config(mp_search_config *cfg, mp_sim_evaluator *ev, const mp_cluster *c, double headroom);
+/* The settings ev predicts every candidate under that the store keeps beside the candidate
+ * (planner/store.h, version 11): the stack's name and the NCCL version (ev->stack), the
+ * chunked loss's count, the experts' load and the float8 recipe (ev->base, the stack's
+ * default resolved), the model's MTP modules (ev->model). out->stack points into ev; out->fp8_recipe is a static name. */
+void mp_sim_evaluator_settings(const mp_sim_evaluator *ev, mp_plan_settings *out);
 /* The plan options of a candidate: micro-batch, AC, float8 (float8 all-gather only
  * without TP), reshard_after_forward, vocab padded when tp does not divide it, SP, the
  * pipeline schedule (interleaved with its chunks, else 1F1B). */

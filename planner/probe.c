@@ -44,8 +44,10 @@ mp_status mp_plan_setup_options(mp_ctx *ctx, const mp_plan_setup *s, const mp_cl
                     "run it: name a megatron stack or drop it",
                     s->moe_dispatcher == MP_MOE_DISPATCH_DEEPEP ? "deepep" : "hybridep", ev->stack.name);
   ev->base.moe_dispatcher = s->moe_dispatcher;
-  /* a mesh whose cp leaves a rank's sequence the count does not divide is refused by its plan
-   * (mp_plan_loss_check), as torchtitan's own check refuses the run */
+  /* torchtitan's ChunkedLossWrapper runs on torchtitan stacks only: another stack is refused
+   * here, once for the whole search, as a usage error naming the stack. The count's other
+   * rule, that it divide each rank's sequence (seq / cp), depends on the mesh and is left to
+   * each candidate's plan (mp_plan_loss_check, as torchtitan's own check refuses the run) */
   if (s->loss_chunks > 1 && ev->stack.mem_model != MP_MEM_MODEL_TORCHTITAN)
     return mp_error(ctx, MP_ERR_USAGE, "--loss-chunks is torchtitan's ChunkedLossWrapper; stack %s does not run "
                     "it: name a torchtitan stack or drop it", ev->stack.name);

@@ -2,6 +2,7 @@
 #include "planner/report.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
 
 static const char *const k_mem_keys[MP_MEM_COUNT] = {
     "params_bytes", "optimizer_bytes", "grads_bytes", "gathered_bytes", "activations_bytes",
@@ -98,4 +99,14 @@ double mp_train_cost(const mp_candidate *c, double tokens, double price_per_gpu_
 void mp_train_json(cJSON *o, const mp_candidate *c, int64_t n_gpus, double tokens, double price_per_gpu_hour) {
   cJSON_AddNumberToObject(o, "train_days", mp_train_days(c, n_gpus, tokens));
   if (price_per_gpu_hour > 0) cJSON_AddNumberToObject(o, "train_cost_usd", mp_train_cost(c, tokens, price_per_gpu_hour));
+}
+
+void mp_plan_row_settings_str(const mp_plan_row *r, char *buf, size_t cap) {
+  char nccl[48] = "the newest NCCL modelled", loss[40] = "", load[40] = "", cap_s[48] = "";
+  const int v = r->nccl_version; /* major x 10000 + minor x 100 + patch */
+  if (v > 0) snprintf(nccl, sizeof nccl, "NCCL %d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+  if (r->loss_chunks > 1) snprintf(loss, sizeof loss, ", loss in %d chunks", r->loss_chunks);
+  if (r->moe_imbalance > 1) snprintf(load, sizeof load, ", expert imbalance %g", r->moe_imbalance);
+  if (r->moe_capacity_factor > 0) snprintf(cap_s, sizeof cap_s, ", expert capacity factor %g", r->moe_capacity_factor);
+  snprintf(buf, cap, "stack %s, %s%s%s%s", r->stack[0] ? r->stack : "not recorded", nccl, loss, load, cap_s);
 }

@@ -1,5 +1,6 @@
 /* A search's results as `plan` reports them: a ranked plan as JSON, the rejection counts by
- * rule (in order and as JSON), and what a plan costs to train on a given number of tokens.
+ * rule (in order and as JSON), and what a plan costs to train on a given number of tokens;
+ * and a stored plan's settings in words, as `report` and `train --plan-id` state them.
  *
  * Time and cost to train: a plan running at t tokens/s per GPU on n GPUs trains T tokens in
  * T / (t x n) seconds, days = that / 86,400; at P dollars per GPU-hour the cost is
@@ -8,12 +9,18 @@
 #define MP_PLANNER_REPORT_H
 
 #include "planner/search.h"
+#include "planner/store.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 struct cJSON;
+
+/* The settings a plans row was predicted under, in words: "stack S" (or "stack not
+ * recorded"), "NCCL X.Y.Z" (or "the newest NCCL modelled") and, where not off, "loss in N
+ * chunks", "expert imbalance F" and "expert capacity factor C", split by ", ". */
+void mp_plan_row_settings_str(const mp_plan_row *r, char *buf, size_t cap);
 
 /* The rules that rejected candidates (by[r] > 0, r != NONE) into order, largest count first
  * (ties: rule order); returns how many. */

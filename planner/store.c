@@ -1,6 +1,6 @@
 /* The planner's SQLite store (see store.h): the rows of runs, plans, predictions and
  * measurements, on a connection of store/db.h (which owns the file, its schema and its
- * write lock).
+ * write lock). The runs and plans rows are read by store_rows.c (store_internal.h).
  *
  * Invariants: at most one run transaction is open per connection (st->in_run); every
  * write transaction begins IMMEDIATE (mp_db_begin_write) so that the busy timeout, not a
@@ -8,6 +8,7 @@
  * once per connection and reset after each use. */
 #define _GNU_SOURCE
 #include "planner/store.h"
+#include "planner/store_internal.h"
 
 #include <sqlite3.h>
 #include <stdio.h>
@@ -21,6 +22,9 @@ struct mp_store {
   int in_run;
   int64_t fault_after; /* < 0: off */
   sqlite3_stmt *ins_plan, *ins_pred, *set_rank;
+  mp_plan_settings set; /* the open run's, bound on its plans rows; .stack and .fp8_recipe
+                           point at the copies below */
+  char stack[64], fp8_recipe[16];
 };
 
 static sqlite3 *conn(mp_store *st) { return mp_db_sqlite(st->db); }
@@ -47,8 +51,9 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out) {
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO plans (run_id, idx, pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8,"
                         " micro_batch, reshard, evaluated, feasible, rank, reject_rule, reject_reason,"
-                        " sp, pp_virtual, global_batch, pp_split, etp, dopt)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?)",
+                        " sp, pp_virtual, global_batch, pp_split, etp, dopt, loss_chunks, nccl_version, stack,"
+                        " moe_imbalance, moe_capacity_factor, fp8_recipe, mtp_layers)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         &st->ins_plan), s, fail);
   MP_CHECK_GOTO(prepare(ctx, st,
                         "INSERT INTO predictions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -79,11 +84,22 @@ static void bind_text(sqlite3_stmt *q, int i, const char *s) {
   sqlite3_bind_text(q, i, s ? s : "", -1, SQLITE_TRANSIENT);
 }
 
+/* The next plans rows' settings, "off" as 1 chunk (torchtitan's default), imbalance 1, factor 0. */
+static void use_settings(mp_store *st, const mp_plan_settings *s) {
+  snprintf(st->stack, sizeof st->stack, "%s", s->stack ? s->stack : "");
+  snprintf(st->fp8_recipe, sizeof st->fp8_recipe, "%s", s->fp8_recipe ? s->fp8_recipe : "");
+  st->set = (mp_plan_settings){st->stack, s->loss_chunks > 1 ? s->loss_chunks : 1, s->nccl_version,
+                               s->moe_imbalance > 1 ? s->moe_imbalance : 1,
+                               s->moe_capacity_factor > 0 ? s->moe_capacity_factor : 0, st->fp8_recipe,
+                               s->mtp_layers};
+}
+
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                              int64_t *run_id) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is already open on %s", mp_store_path(st));
   MP_CHECK(mp_db_begin_write(ctx, st->db, "starting the run"));
   st->in_run = 1;
+  use_settings(st, &info->settings);
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(conn(st),
                               "INSERT INTO runs (created_at, tool_version, model, cluster, gpu, n_gpus,"
@@ -164,6 +180,13 @@ mp_status mp_store_add_candidate(mp_ctx *ctx, mp_store *st, int64_t run_id, int6
   sqlite3_bind_int(q, 20, c->pp_split);
   sqlite3_bind_int(q, 21, m->etp);
   sqlite3_bind_int(q, 22, mp_mesh_dopt(m));
+  sqlite3_bind_int(q, 23, st->set.loss_chunks);
+  sqlite3_bind_int(q, 24, st->set.nccl_version);
+  sqlite3_bind_text(q, 25, st->stack[0] ? st->stack : NULL, -1, SQLITE_STATIC); /* NULL: not recorded */
+  sqlite3_bind_double(q, 26, st->set.moe_imbalance);
+  sqlite3_bind_double(q, 27, st->set.moe_capacity_factor);
+  sqlite3_bind_text(q, 28, c->fp8 && st->fp8_recipe[0] ? st->fp8_recipe : NULL, -1, SQLITE_STATIC);
+  sqlite3_bind_int(q, 29, st->set.mtp_layers);
   MP_CHECK(step_reset(ctx, st, q, "writing a plan"));
   c->plan_id = sqlite3_last_insert_rowid(conn(st));
   if (!c->evaluated || c->reject == MP_REJECT_EVAL_ERROR || c->reject == MP_REJECT_BOUNDED) return MP_OK;
@@ -253,7 +276,8 @@ mp_status mp_store_run_commit(mp_ctx *ctx, mp_store *st, int64_t run_id,
   return MP_OK;
 }
 
-mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c) {
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c,
+                            const mp_plan_settings *settings) {
   if (st->in_run) return mp_error(ctx, MP_ERR_INTERNAL, "a run is open on %s", mp_store_path(st));
   MP_CHECK(mp_db_begin_write(ctx, st->db, "adding a plan to a run"));
   char sql[128];
@@ -266,6 +290,7 @@ mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candid
   snprintf(sql, sizeof sql, "SELECT coalesce(max(idx) + 1, 0) FROM plans WHERE run_id=%lld", (long long)run_id);
   if (s == MP_OK) s = mp_store_query_i64(ctx, st, sql, &idx);
   st->in_run = 1; /* the candidate's rows, as a run's (unranked) */
+  use_settings(st, settings);
   if (s == MP_OK) s = mp_store_add_candidate(ctx, st, run_id, idx, c, "");
   st->in_run = 0;
   if (s == MP_OK) s = mp_db_exec(ctx, st->db, "COMMIT", "committing the plan");
@@ -344,44 +369,6 @@ mp_status mp_store_set_train_status(mp_ctx *ctx, mp_store *st, int64_t plan_id, 
 
 /* ---- reading ---------------------------------------------------------------------------- */
 
-static void col_text(sqlite3_stmt *q, int i, char *out, size_t cap) {
-  const unsigned char *t = sqlite3_column_text(q, i);
-  snprintf(out, cap, "%s", t ? (const char *)t : "");
-}
-
-#define RUN_COLS                                                                              \
-  "r.id, r.created_at, r.model, r.cluster, r.gpu, r.objective, r.tool_version, r.n_gpus,"     \
-  " r.seq, r.global_batch, coalesce(r.n_candidates,0), coalesce(r.n_pruned,0),"              \
-  " coalesce(r.n_evaluated,0), coalesce(r.n_feasible,0), coalesce(r.best_plan_id,0),"        \
-  " coalesce(r.wall_s,0), coalesce(p.step_time_s,0), r.train_status, coalesce(r.logged,'all')" \
-  " FROM runs r LEFT JOIN predictions p ON p.plan_id = r.best_plan_id"
-
-static void read_run(sqlite3_stmt *q, mp_run_row *r) {
-  memset(r, 0, sizeof *r);
-  r->id = sqlite3_column_int64(q, 0);
-  col_text(q, 1, r->created_at, sizeof r->created_at);
-  col_text(q, 2, r->model, sizeof r->model);
-  col_text(q, 3, r->cluster, sizeof r->cluster);
-  col_text(q, 4, r->gpu, sizeof r->gpu);
-  col_text(q, 5, r->objective, sizeof r->objective);
-  col_text(q, 6, r->tool_version, sizeof r->tool_version);
-  r->n_gpus = sqlite3_column_int(q, 7);
-  r->seq = sqlite3_column_int64(q, 8);
-  r->global_batch = sqlite3_column_int64(q, 9);
-  r->n_candidates = sqlite3_column_int64(q, 10);
-  r->n_pruned = sqlite3_column_int64(q, 11);
-  r->n_evaluated = sqlite3_column_int64(q, 12);
-  r->n_feasible = sqlite3_column_int64(q, 13);
-  r->best_plan_id = sqlite3_column_int64(q, 14);
-  r->wall_s = sqlite3_column_double(q, 15);
-  r->best_step_time_s = sqlite3_column_double(q, 16);
-  /* NULL: a planner run, committed whole; 'running' left behind: the process died */
-  const unsigned char *ts = sqlite3_column_text(q, 17);
-  const char *s = ts ? (const char *)ts : "complete";
-  snprintf(r->status, sizeof r->status, "%s", strcmp(s, "running") == 0 ? "incomplete" : s);
-  col_text(q, 18, r->logged, sizeof r->logged);
-}
-
 mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row **rows,
                              int64_t *n) {
   int64_t count = 0;
@@ -389,10 +376,10 @@ mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row 
   *rows = mp_arena_alloc(a, (size_t)(count > 0 ? count : 1) * sizeof **rows);
   MP_CHECK_ALLOC(ctx, *rows);
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(conn(st), "SELECT " RUN_COLS " ORDER BY r.id DESC", -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st), "SELECT " MP_STORE_RUN_COLS " ORDER BY r.id DESC", -1, &q, NULL);
   int64_t i = 0;
   while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-    if (i < count) read_run(q, &(*rows)[i++]);
+    if (i < count) mp_store_read_run(q, &(*rows)[i++]);
     rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
@@ -403,13 +390,13 @@ mp_status mp_store_list_runs(mp_ctx *ctx, mp_store *st, mp_arena *a, mp_run_row 
 
 mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row *out) {
   sqlite3_stmt *q = NULL;
-  int rc = sqlite3_prepare_v2(conn(st), "SELECT " RUN_COLS " WHERE r.id=?", -1, &q, NULL);
+  int rc = sqlite3_prepare_v2(conn(st), "SELECT " MP_STORE_RUN_COLS " WHERE r.id=?", -1, &q, NULL);
   int found = 0;
   if (rc == SQLITE_OK) {
     sqlite3_bind_int64(q, 1, run_id);
     rc = sqlite3_step(q);
     if (rc == SQLITE_ROW) {
-      read_run(q, out);
+      mp_store_read_run(q, out);
       found = 1;
       rc = SQLITE_OK;
     } else if (rc == SQLITE_DONE) {
@@ -422,70 +409,6 @@ mp_status mp_store_get_run(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_run_row
     return mp_error(ctx, MP_ERR_NOT_FOUND, "%s has no run %lld; `meshplan report` lists the runs",
                     mp_store_path(st), (long long)run_id);
   return MP_OK;
-}
-
-/* The policy of a stored ac text ("selective-op", "full:4"), its block frequency into
- * *every; -1 for an unknown one. */
-static int ac_code(const char *s, int *every) {
-  *every = 1;
-  if (strncmp(s, "full:", 5) == 0) {
-    *every = atoi(s + 5);
-    return MP_AC_FULL;
-  }
-  for (int i = 0; i < MP_AC_COUNT; i++)
-    if (strcmp(s, mp_search_ac_name(i)) == 0) return i;
-  return -1;
-}
-
-/* The columns read_plan reads, plans pl beside its predictions pr (NULL, read as 0, for a
- * plan never evaluated). */
-#define PLAN_COLS                                                                                          \
-  "pl.id, pl.run_id, pl.idx, coalesce(pl.rank, 0), pl.pp, pl.dp_replicate, pl.dp_shard, pl.cp, pl.tp,"      \
-  " pl.ep, pl.ac, pl.fp8, pl.reshard, pl.evaluated, pl.feasible, pl.micro_batch, pl.sp, pl.pp_virtual,"    \
-  " coalesce(pl.global_batch, 0), pl.pp_split, pl.etp, pl.dopt,"                                          \
-  " coalesce(pl.reject_rule,''), coalesce(pl.reject_reason,''), pr.step_time_s,"                           \
-  " pr.tokens_per_s_per_gpu, pr.mfu, pr.compute_s, pr.exposed_comm_s, pr.bubble_s,"                        \
-  " pr.peak_mem_bytes, pr.capacity_bytes, pr.peak_mem_bytes - coalesce(pr.mem_overhead_bytes, 0)"
-
-/* One row of a plans query (PLAN_COLS) into *r: the plan and its
- * prediction; the measured figures zero. */
-static void read_plan(sqlite3_stmt *q, mp_plan_row *r) {
-  memset(r, 0, sizeof *r);
-  int c = 0;
-  r->id = sqlite3_column_int64(q, c++);
-  r->run_id = sqlite3_column_int64(q, c++);
-  r->index = sqlite3_column_int64(q, c++);
-  r->rank = sqlite3_column_int64(q, c++);
-  r->pp = sqlite3_column_int(q, c++);
-  r->dp_replicate = sqlite3_column_int(q, c++);
-  r->dp_shard = sqlite3_column_int(q, c++);
-  r->cp = sqlite3_column_int(q, c++);
-  r->tp = sqlite3_column_int(q, c++);
-  r->ep = sqlite3_column_int(q, c++);
-  const unsigned char *ac = sqlite3_column_text(q, c++);
-  r->ac = ac_code(ac ? (const char *)ac : "", &r->ac_every);
-  r->fp8 = sqlite3_column_int(q, c++);
-  r->reshard = sqlite3_column_int(q, c++);
-  r->evaluated = sqlite3_column_int(q, c++);
-  r->feasible = sqlite3_column_int(q, c++);
-  r->micro_batch = sqlite3_column_int64(q, c++);
-  r->sp = sqlite3_column_int(q, c++);
-  r->pp_virtual = sqlite3_column_int(q, c++);
-  r->global_batch = sqlite3_column_int64(q, c++);
-  r->pp_split = sqlite3_column_int(q, c++);
-  r->etp = sqlite3_column_int(q, c++);
-  r->dopt = sqlite3_column_int(q, c++);
-  col_text(q, c++, r->reject_rule, sizeof r->reject_rule);
-  col_text(q, c++, r->reject_reason, sizeof r->reject_reason);
-  r->step_time_s = sqlite3_column_double(q, c++);
-  r->tokens_per_s_per_gpu = sqlite3_column_double(q, c++);
-  r->mfu = sqlite3_column_double(q, c++);
-  r->compute_s = sqlite3_column_double(q, c++);
-  r->exposed_comm_s = sqlite3_column_double(q, c++);
-  r->bubble_s = sqlite3_column_double(q, c++);
-  r->peak_mem_bytes = sqlite3_column_int64(q, c++);
-  r->capacity_bytes = sqlite3_column_int64(q, c++);
-  r->alloc_peak_bytes = sqlite3_column_int64(q, c++);
 }
 
 /* Plan r->id's measurements into r, mq being the measurements query of mp_store_top_plans
@@ -520,7 +443,7 @@ static int read_measured(sqlite3_stmt *mq, mp_plan_row *r) {
 mp_status mp_store_get_plan(mp_ctx *ctx, mp_store *st, int64_t plan_id, mp_plan_row *out) {
   sqlite3_stmt *q = NULL;
   int rc = sqlite3_prepare_v2(conn(st),
-                              "SELECT " PLAN_COLS " FROM plans pl LEFT JOIN predictions pr ON pr.plan_id = pl.id"
+                              "SELECT " MP_STORE_PLAN_COLS " FROM plans pl LEFT JOIN predictions pr ON pr.plan_id = pl.id"
                               " WHERE pl.id=?",
                               -1, &q, NULL);
   int found = 0;
@@ -528,7 +451,7 @@ mp_status mp_store_get_plan(mp_ctx *ctx, mp_store *st, int64_t plan_id, mp_plan_
     sqlite3_bind_int64(q, 1, plan_id);
     rc = sqlite3_step(q);
     found = rc == SQLITE_ROW;
-    if (found) read_plan(q, out);
+    if (found) mp_store_read_plan(q, out);
     if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = SQLITE_OK;
   }
   sqlite3_finalize(q);
@@ -551,7 +474,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
   MP_CHECK_ALLOC(ctx, *rows);
   sqlite3_stmt *q = NULL, *mq = NULL;
   int rc = sqlite3_prepare_v2(conn(st),
-                              "SELECT " PLAN_COLS " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
+                              "SELECT " MP_STORE_PLAN_COLS " FROM plans pl JOIN predictions pr ON pr.plan_id = pl.id"
                               " WHERE pl.run_id=? AND pl.rank IS NOT NULL ORDER BY pl.rank LIMIT ?",
                               -1, &q, NULL);
   if (rc == SQLITE_OK)
@@ -569,7 +492,7 @@ mp_status mp_store_top_plans(mp_ctx *ctx, mp_store *st, int64_t run_id, int64_t 
     rc = SQLITE_OK;
     if (i >= count) continue;
     mp_plan_row *r = &(*rows)[i++];
-    read_plan(q, r);
+    mp_store_read_plan(q, r);
     int mrc = read_measured(mq, r);
     if (mrc != SQLITE_DONE) {
       rc = mrc;
@@ -804,9 +727,9 @@ static void read_restart(sqlite3_stmt *q, void *row) {
   r->attempt = sqlite3_column_int64(q, 1);
   r->old_plan_id = sqlite3_column_int64(q, 2); /* NULL reads 0 */
   r->new_plan_id = sqlite3_column_int64(q, 3);
-  col_text(q, 4, r->old_mesh, sizeof r->old_mesh);
-  col_text(q, 5, r->new_mesh, sizeof r->new_mesh);
-  col_text(q, 6, r->reason, sizeof r->reason);
+  mp_store_col_text(q, 4, r->old_mesh, sizeof r->old_mesh);
+  mp_store_col_text(q, 5, r->new_mesh, sizeof r->new_mesh);
+  mp_store_col_text(q, 6, r->reason, sizeof r->reason);
   r->failed_after_step = sqlite3_column_int64(q, 7);
   r->step_resumed = sqlite3_column_int64(q, 8);
   r->steps_lost = sqlite3_column_int64(q, 9);

@@ -1,7 +1,7 @@
 /* The planner's SQLite store: every run, every candidate with its reason, every
  * prediction, and the executor's measurements, in one database file (default meshplan.db).
  *
- * Tables (schema version 10, created and altered by the migrations of store/db.c;
+ * Tables (schema version 11, created and altered by the migrations of store/db.c;
  * `schema_version` holds the version, and opening a file of a lower version migrates it in
  * order inside one transaction; the plans(run_id, rank)
  * index is partial, WHERE rank IS NOT NULL: only ranked plans are looked up by rank, so a
@@ -61,7 +61,26 @@
  * cut into N instances (Megatron-Core's --num-distributed-optimizer-instances). The rows
  * written before read etp 0 and dopt 1: the layouts those versions could record.
  * mp_plan_row_mesh and mp_run_segment_mesh turn a row back into the mesh it was written
- * from (mp_mesh_format of the two equal).
+ * from (mp_mesh_format of the two equal). Version 11 adds the settings a plan was predicted
+ * under that are not the candidate's own fields (mp_plan_settings): plans.stack (the stack
+ * profile's name), plans.loss_chunks (torchtitan's chunked loss, --loss-chunks; 1: off),
+ * plans.nccl_version (--nccl-version as major x 10000 + minor x 100 + patch; 0: the newest
+ * NCCL the build models, sim/sim.h), plans.moe_imbalance (--moe-imbalance; 1: balanced) and
+ * plans.moe_capacity_factor (--moe-capacity-factor; 0: dropless) and, on a float8 plan,
+ * plans.fp8_recipe (the recipe its float8 Linears run, the stack's default resolved; NULL on
+ * a bf16 plan), and plans.mtp_layers (the model's multi-token-prediction modules, which
+ * --mtp-num-layers sets beside the model's name). The rows written before take them from their
+ * run's options where the run gave them (store/db.c's migration); otherwise 1, 0, 1, 0, NULL
+ * (stack not recorded, read as ""), NULL (recipe not recorded) and NULL (MTP not recorded,
+ * read as -1).
+ * Not stored as columns (runs.options keeps them as given, as JSON; no reader re-applies
+ * them): --headroom (the capacity is stored with the prediction),
+ * --nvlink-domain and --inter-gbps, --hf-config (the model is stored by name), and the
+ * stack's switches --cp-rotate/--cp-comm-type,
+ * --data-parallel-sharding-strategy, --fsdp-double-buffer, --fp8-param-gather,
+ * --nvfp4-no-rht, --fp8-dpa, --fp8-amax-tp-only, --fp8-all-gather, --fp8-scope,
+ * --async-tp/--no-async-tp, --moe-pad-expert-input-to-capacity,
+ * --moe-expert-rank-capacity-factor, --moe-dispatcher and --nccl-ctas.
  *
  * The file itself (opening, the identity check and its refusals, the migrations that
  * create these tables, WAL, the busy timeout and the write lock) is store/db.h's;
@@ -97,6 +116,22 @@ mp_status mp_store_open(mp_ctx *ctx, const char *path, mp_store **out);
 void mp_store_close(mp_store *st); /* NULL is a no-op; rolls back an open run */
 const char *mp_store_path(const mp_store *st);
 
+/* The settings a plan's prediction was made under beyond its candidate's fields (version
+ * 11): the same for every candidate of one search, written on each plans row. */
+typedef struct mp_plan_settings {
+  const char *stack; /* the stack profile's name (mp_stack_profile.name) */
+  int loss_chunks;   /* torchtitan's ChunkedLossWrapper num_chunks (exec/plan.h); <= 1: off */
+  int nccl_version;  /* mp_stack_profile.nccl_version: 0 the newest NCCL the build models */
+  double moe_imbalance;       /* mp_moe_routing.imbalance (--moe-imbalance); <= 1: balanced */
+  double moe_capacity_factor; /* mp_moe_routing.capacity_factor (--moe-capacity-factor); <= 0:
+                                 dropless */
+  const char *fp8_recipe;     /* the float8 candidates' recipe (mp_fp8_recipe_name of
+                                 mp_fp8_recipe_of: the stack's default resolved); NULL: none.
+                                 Written on the rows with float8 only */
+  int mtp_layers;             /* the model's multi-token-prediction modules (mp_model.mtp_layers,
+                                 --mtp-num-layers): the model is stored by name only */
+} mp_plan_settings;
+
 /* What a run asked for. */
 typedef struct mp_run_info {
   const char *model, *cluster, *gpu;
@@ -106,6 +141,7 @@ typedef struct mp_run_info {
   const char *options_json; /* every option as given, JSON text */
   const char *command;      /* the command line */
   const char *tool_version; /* MESHPLAN_VERSION */
+  mp_plan_settings settings; /* every candidate's (mp_sim_evaluator_settings) */
 } mp_run_info;
 
 typedef struct mp_run_summary {
@@ -114,7 +150,8 @@ typedef struct mp_run_summary {
   double wall_s;
 } mp_run_summary;
 
-/* BEGIN IMMEDIATE and insert the runs row. */
+/* BEGIN IMMEDIATE and insert the runs row; info->settings go on every plans row the run
+ * writes (mp_store_add_candidate). */
 mp_status mp_store_run_begin(mp_ctx *ctx, mp_store *st, const mp_run_info *info,
                              int64_t *run_id);
 /* Inserts the candidate's plans row (and predictions row when evaluated); sets
@@ -138,7 +175,8 @@ void mp_store_run_abort(mp_store *st);
  * prediction, in its own transaction; sets c->plan_id. A training run resumed by another
  * process (on any mesh) records that process's plan so: one run keeps one history, each
  * segment under its own plan. MP_ERR_NOT_FOUND when the run does not exist. */
-mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c);
+mp_status mp_store_add_plan(mp_ctx *ctx, mp_store *st, int64_t run_id, mp_candidate *c,
+                            const mp_plan_settings *settings);
 
 /* Fault injection for tests: the (n+1)-th mp_store_add_candidate after this call fails
  * with MP_ERR_DB ("injected fault"); n < 0 turns it off. */
@@ -223,6 +261,12 @@ typedef struct mp_plan_row {
   int pp, dp_replicate, dp_shard, cp, tp, ep, ac, fp8, reshard, evaluated, feasible;
   int ac_every, sp, pp_virtual, pp_split;
   int etp, dopt; /* mp_mesh.etp and .dopt (version 10; rows written before: 0 and 1) */
+  int loss_chunks, nccl_version; /* mp_plan_settings's (version 11; before: see above) */
+  double moe_imbalance, moe_capacity_factor;
+  char stack[64];                /* the stack profile's name; "": not recorded */
+  char fp8_recipe[16];           /* a float8 plan's recipe (mp_fp8_recipe_name); "": bf16, or
+                                    not recorded */
+  int mtp_layers;                /* the model's MTP modules; -1: not recorded */
   int64_t micro_batch;
   int64_t global_batch; /* the plan's own sequences per step; 0: not recorded (before v5) */
   char reject_rule[32], reject_reason[256];

@@ -114,6 +114,50 @@ static const char *const k_migrations[MP_STORE_SCHEMA_VERSION] = {
      * instances (exec/mesh.h's encoding; see planner/store.h) */
     "ALTER TABLE plans ADD COLUMN etp INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE plans ADD COLUMN dopt INTEGER NOT NULL DEFAULT 1;",
+    /* 10 -> 11: plans.loss_chunks, plans.nccl_version, plans.stack, plans.moe_imbalance,
+     * plans.moe_capacity_factor, plans.fp8_recipe and plans.mtp_layers, the settings a plan
+     * was predicted under
+     * (see planner/store.h). The rows written before take them from their run's options
+     * (runs.options holds every option given, as JSON, since version 1) where the run gave
+     * them; otherwise the defaults those versions applied: 1 chunk, NCCL 0 (the newest the
+     * build modelled), imbalance 1, capacity factor 0 (dropless), stack NULL (not recorded:
+     * the default depended on the GPU), on a float8 plan the recipe --fp8 named, its other
+     * names mapped as mp_fp8_recipe_parse maps them (on, auto or bare: the stack's default,
+     * not recorded), and the --mtp-num-layers given (without: the model's own, not
+     * recorded, NULL). Options that are not JSON read as none (CASE
+     * evaluates json_extract only on valid JSON). --nccl-version X.Y[.Z] becomes X x 10000 +
+     * Y x 100 + Z as mp_sim_nccl_version_parse reads it (CAST keeps a text's leading integer:
+     * "21.5" is 21). */
+    "ALTER TABLE plans ADD COLUMN loss_chunks INTEGER NOT NULL DEFAULT 1;"
+    "ALTER TABLE plans ADD COLUMN nccl_version INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE plans ADD COLUMN stack TEXT;"
+    "ALTER TABLE plans ADD COLUMN moe_imbalance REAL NOT NULL DEFAULT 1;"
+    "ALTER TABLE plans ADD COLUMN moe_capacity_factor REAL NOT NULL DEFAULT 0;"
+    "ALTER TABLE plans ADD COLUMN fp8_recipe TEXT;"
+    "ALTER TABLE plans ADD COLUMN mtp_layers INTEGER;"
+    "UPDATE plans SET"
+    "  mtp_layers = (SELECT CAST(CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.\"mtp-num-layers\"')"
+    "    END AS INTEGER) FROM runs r WHERE r.id = plans.run_id),"
+    "  fp8_recipe = (SELECT CASE WHEN v IN ('current', 'fp8_cs') THEN 'tensorwise' WHEN v = 'fp8_mx' THEN 'mxfp8'"
+    "    WHEN v IN ('fp8_sc', 'subchannel') THEN 'blockwise' WHEN v IN ('tensorwise', 'delayed', 'rowwise',"
+    "    'mxfp8', 'blockwise', 'nvfp4') THEN v END FROM (SELECT CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.fp8') END AS v FROM runs r WHERE r.id = plans.run_id) WHERE plans.fp8 = 1),"
+    "  moe_imbalance = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"moe-imbalance\"') END AS REAL) FROM runs r WHERE r.id = plans.run_id), 1),"
+    "  moe_capacity_factor = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"moe-capacity-factor\"') END AS REAL) FROM runs r"
+    "    WHERE r.id = plans.run_id), 0),"
+    "  loss_chunks = coalesce((SELECT CAST(CASE WHEN json_valid(r.options)"
+    "    THEN json_extract(r.options, '$.\"loss-chunks\"') END AS INTEGER) FROM runs r WHERE r.id = plans.run_id), 1),"
+    "  stack = (SELECT CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.stack') END"
+    "    FROM runs r WHERE r.id = plans.run_id),"
+    "  nccl_version = coalesce((SELECT CAST(v AS INTEGER) * 10000"
+    "    + CAST(substr(v, instr(v, '.') + 1) AS INTEGER) * 100"
+    "    + CASE WHEN instr(substr(v, instr(v, '.') + 1), '.') > 0"
+    "      THEN CAST(substr(substr(v, instr(v, '.') + 1), instr(substr(v, instr(v, '.') + 1), '.') + 1) AS INTEGER)"
+    "      ELSE 0 END"
+    "    FROM (SELECT CASE WHEN json_valid(r.options) THEN json_extract(r.options, '$.\"nccl-version\"') END AS v"
+    "      FROM runs r WHERE r.id = plans.run_id) WHERE v IS NOT NULL), 0);",
 };
 
 static mp_status corrupt(mp_ctx *ctx, const mp_db *db) {

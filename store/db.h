@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define MP_STORE_SCHEMA_VERSION 10
+#define MP_STORE_SCHEMA_VERSION 11
 /* PRAGMA application_id of a meshplan database: "MPLN" in ASCII. */
 #define MP_STORE_APPLICATION_ID 0x4D504C4E
 #define MP_STORE_BUSY_TIMEOUT_MS 60000

@@ -151,7 +151,7 @@ if j:
 old = os.path.join(tmp, "old.db")
 run("plan", *args, "--db", old, "--log-all")
 con = sqlite3.connect(old)
-con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+con.executescript("DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                   " UPDATE schema_version SET version=5;"
                   " PRAGMA user_version=5;")
 con.close()
@@ -161,7 +161,7 @@ r = run("report", "--db", old, "--run", "1", "--json")
 check(r.returncode == 0 and len(json.loads(r.stdout)["plans"]) == 10, "report --run of a version-5 database")
 run("plan", *args, "--db", old)
 con = sqlite3.connect(old)
-check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 10), "old db not migrated")
+check(con.execute("SELECT count(*), max(version) FROM runs, schema_version").fetchone() == (2, 11), "old db not migrated")
 con.close()
 run("plan", "--no-db", "--log-all", want_rc=2)
 # Megatron-Core's distributed-optimizer instances fixed at 2 on Llama 3.1 70B, 256 GPUs, tp 8,

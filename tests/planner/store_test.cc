@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "planner/planner.h"
+#include "planner/report.h"
 #include "planner/store.h"
 #include "tests/planner/fake.h"
 #include "tests/tmp_path.h"
@@ -420,7 +421,7 @@ TEST(StoreIdentity, OlderAndUnstampedDatabasesMigrate) {
           " ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
           " ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
           " DROP INDEX plans_run_rank; CREATE INDEX plans_run_rank ON plans(run_id, rank);"
-          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+          " DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
           " UPDATE schema_version SET version=1; PRAGMA user_version=0; PRAGMA application_id=0");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -481,7 +482,7 @@ TEST(Store, EachPlanStoresItsOwnGlobalBatch) {
 TEST(StoreIdentity, Version4MigratesAndKeepsItsRuns) {
   std::string path = made_db("v4.db", 1);
   exec_on(path,
-          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+          "ALTER TABLE plans DROP COLUMN global_batch; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
           " UPDATE schema_version SET version=4; PRAGMA user_version=4");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -607,7 +608,7 @@ TEST(Store, DefaultLogsTheRankedPlansAndTheCountsByRule) {
 // rows and equal the search's, and its ranked plans read back unchanged by the migration.
 TEST(StoreIdentity, Version5RunsCountFromTheirPlans) {
   std::string path = made_db("v5.db", 1);  // a run of PlannerRun's: every candidate logged
-  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+  exec_on(path, "DELETE FROM rejections; DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                 " UPDATE schema_version SET version=5; PRAGMA user_version=5");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
@@ -807,7 +808,8 @@ TEST(Store, PlanReadByIdIsItsRankedRow) {
   memset(&extra, 0, sizeof extra);
   ASSERT_EQ(mp_mesh_parse(&ctx, "tp=4,dp_shard=4", 16, &extra.mesh), MP_OK) << mp_errmsg(&ctx);
   extra.micro_batch = 2;
-  ASSERT_EQ(mp_store_add_plan(&ctx, st, run, &extra), MP_OK) << mp_errmsg(&ctx);
+  const mp_plan_settings none = {nullptr, 0, 0};
+  ASSERT_EQ(mp_store_add_plan(&ctx, st, run, &extra, &none), MP_OK) << mp_errmsg(&ctx);
   mp_plan_row r;
   ASSERT_EQ(mp_store_get_plan(&ctx, st, extra.plan_id, &r), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(r.rank, 0);
@@ -824,14 +826,14 @@ TEST(Store, PlanReadByIdIsItsRankedRow) {
 // keeps the grid and the instances.
 TEST(StoreIdentity, Version9MigratesToMeshesWithGridAndInstances) {
   std::string path = made_db("v9.db", 1);
-  exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+  exec_on(path, "ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                 " UPDATE schema_version SET version=9; PRAGMA user_version=9");
   mp_ctx ctx;
   mp_ctx_init(&ctx);
   mp_store *st = nullptr;
   ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
   EXPECT_EQ(q(st, "SELECT version FROM schema_version"), MP_STORE_SCHEMA_VERSION);
-  EXPECT_EQ(q(st, "PRAGMA user_version"), 10);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
   const int64_t old_rows = q(st, "SELECT count(*) FROM plans");
   EXPECT_GT(old_rows, 0);
   EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE etp = 0 AND dopt = 1"), old_rows);
@@ -895,6 +897,138 @@ TEST(Store, BoundedCandidateWritesNoPrediction) {
   EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE run_id=" + r + " AND reject_rule='bounded' AND feasible=0"), 1);
   EXPECT_EQ(q(st, "SELECT count(*) FROM predictions"), 1);
   EXPECT_EQ(q(st, "SELECT count(*) FROM predictions WHERE step_time_s = 2.0"), 1);
+  mp_store_close(st);
+}
+
+// The settings a plan was predicted under beyond its candidate's fields (version 11,
+// mp_plan_settings) read back as written: a run's on each of its plans rows, a plan added to
+// the run later (a resumed training segment) with its own. NCCL 2.21.5 is 2 x 10000 + 21 x 100
+// + 5 = 22105 and reads back in words as "NCCL 2.21.5"; "off" is one value each, whichever way
+// it was given: a loss_chunks of 0 is stored as 1 (the count torchtitan's default runs), an
+// imbalance of 0 as 1 (balanced), and neither is named in words, nor a capacity factor of 0
+// (dropless); a NULL stack reads as "" and "stack not recorded"; NCCL 0 is the newest the
+// build models. The float8 recipe goes on the float8 plans only: the tp=8 plan is float8 and
+// reads rowwise, the dp_shard=8 plan is bf16 and reads "".
+TEST(Store, PredictionSettingsRoundTrip) {
+  const std::string path = FreshDbPath("settings.db");
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  mp_run_info info = {"tiny-dense", "1xfake", "fake-gpu", 8, 8, 4096, 32, "time", "{}", "test", "test"};
+  info.settings = {"torchtitan-eager", 8, 22105, 1.5, 1.25, "rowwise", 2};
+  int64_t run = 0;
+  ASSERT_EQ(mp_store_run_begin(&ctx, st, &info, &run), MP_OK) << mp_errmsg(&ctx);
+  int64_t ids[2] = {0, 0};
+  for (int i = 0; i < 2; i++) {
+    mp_candidate c;
+    memset(&c, 0, sizeof c);
+    ASSERT_EQ(mp_mesh_parse(&ctx, i ? "tp=8" : "dp_shard=8", 8, &c.mesh), MP_OK) << mp_errmsg(&ctx);
+    c.micro_batch = 1;
+    c.evaluated = 1;
+    c.fp8 = (uint8_t)i;
+    c.res.step_time_s = 1.5 + i;
+    ASSERT_EQ(mp_store_add_candidate(&ctx, st, run, i, &c, ""), MP_OK) << mp_errmsg(&ctx);
+    ASSERT_EQ(mp_store_set_rank(&ctx, st, c.plan_id, i + 1), MP_OK) << mp_errmsg(&ctx);
+    ids[i] = c.plan_id;
+  }
+  mp_run_summary sum = {2, 0, 2, 2, ids[0], 1.0};
+  ASSERT_EQ(mp_store_run_commit(&ctx, st, run, &sum), MP_OK) << mp_errmsg(&ctx);
+  mp_candidate seg;
+  memset(&seg, 0, sizeof seg);
+  mp_mesh_init(&seg.mesh);
+  seg.micro_batch = 2;
+  const mp_plan_settings none = {nullptr, 0, 0};
+  ASSERT_EQ(mp_store_add_plan(&ctx, st, run, &seg, &none), MP_OK) << mp_errmsg(&ctx);
+  char words[160];
+  for (int i = 0; i < 2; i++) {
+    mp_plan_row r;
+    ASSERT_EQ(mp_store_get_plan(&ctx, st, ids[i], &r), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_STREQ(r.stack, "torchtitan-eager");
+    EXPECT_EQ(r.loss_chunks, 8);
+    EXPECT_EQ(r.nccl_version, 22105);
+    EXPECT_EQ(r.moe_imbalance, 1.5);
+    EXPECT_EQ(r.moe_capacity_factor, 1.25);
+    EXPECT_STREQ(r.fp8_recipe, i ? "rowwise" : "");
+    EXPECT_EQ(r.mtp_layers, 2);
+    EXPECT_EQ(r.step_time_s, 1.5 + i);
+    mp_plan_row_settings_str(&r, words, sizeof words);
+    EXPECT_STREQ(words, "stack torchtitan-eager, NCCL 2.21.5, loss in 8 chunks, expert imbalance 1.5, expert capacity "
+                 "factor 1.25");
+  }
+  mp_arena *a = mp_arena_create();
+  mp_plan_row *rows = nullptr;
+  int64_t n = 0;
+  ASSERT_EQ(mp_store_top_plans(&ctx, st, run, 0, a, &rows, &n), MP_OK) << mp_errmsg(&ctx);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(rows[1].loss_chunks * 100000 + rows[1].nccl_version, 822105);
+  EXPECT_STREQ(rows[1].fp8_recipe, "rowwise");
+  EXPECT_STREQ(rows[1].stack, "torchtitan-eager");
+  mp_arena_destroy(a);
+  mp_plan_row r;
+  ASSERT_EQ(mp_store_get_plan(&ctx, st, seg.plan_id, &r), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_STREQ(r.stack, "");
+  EXPECT_EQ(r.loss_chunks, 1);
+  EXPECT_EQ(r.nccl_version, 0);
+  EXPECT_EQ(r.moe_imbalance, 1.0);
+  EXPECT_EQ(r.moe_capacity_factor, 0.0);
+  EXPECT_EQ(q(st, "SELECT count(*) FROM plans WHERE stack IS NULL"), 1);
+  mp_plan_row_settings_str(&r, words, sizeof words);
+  EXPECT_STREQ(words, "stack not recorded, the newest NCCL modelled");
+  mp_store_close(st);
+}
+
+// A version-10 database (plans without loss_chunks, nccl_version and stack) migrates in place:
+// each plan takes its run's options where the run gave them (runs.options, every option as
+// given) and otherwise the defaults version 10 ran: 1 chunk, NCCL 0 (the newest modelled),
+// imbalance 1, capacity factor 0, stack NULL, float8 recipe NULL. Run 1 gave --loss-chunks 8
+// --nccl-version 2.23 --stack torchtitan-eager --moe-imbalance 1.5 --moe-capacity-factor 1.25
+// --fp8 current --mtp-num-layers 1 (2.23 is 2 x 10000 + 23 x 100 = 22300; current is
+// Transformer Engine's name for tensorwise), run 2 gave --fp8 on (the stack's recipe: not
+// recorded) and no --mtp-num-layers (the model's own: not recorded, -1), run 3 is train's
+// ({"source": ...}) and run 4's options are not JSON, which the migration reads as none
+// instead of failing on them. Every plan is float8, so each could carry a recipe.
+TEST(StoreIdentity, Version10PlansTakeTheirRunsOptions) {
+  const std::string path = FreshDbPath("v10.db");
+  const char *opts[4] = {"{\"loss-chunks\": \"8\", \"nccl-version\": \"2.23\", \"stack\": \"torchtitan-eager\","
+                         " \"moe-imbalance\": \"1.5\", \"moe-capacity-factor\": \"1.25\", \"fp8\": \"current\","
+                         " \"mtp-num-layers\": \"1\"}",
+                         "{\"fp8\": \"on\"}", "{\"source\": \"meshplan train --db\"}", "not json"};
+  mp_ctx ctx;
+  mp_ctx_init(&ctx);
+  mp_store *st = nullptr;
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  for (int i = 0; i < 4; i++) {
+    mp_run_info info = {"tiny-dense", "1xfake", "fake-gpu", 8, 8, 4096, 32, "time", opts[i], "test", "test"};
+    int64_t run = 0;
+    ASSERT_EQ(mp_store_run_begin(&ctx, st, &info, &run), MP_OK) << mp_errmsg(&ctx);
+    mp_candidate c;
+    memset(&c, 0, sizeof c);
+    mp_mesh_init(&c.mesh);
+    c.micro_batch = 1;
+    c.fp8 = 1;
+    ASSERT_EQ(mp_store_add_candidate(&ctx, st, run, 0, &c, ""), MP_OK) << mp_errmsg(&ctx);
+    mp_run_summary sum = {1, 0, 0, 0, 0, 1.0};
+    ASSERT_EQ(mp_store_run_commit(&ctx, st, run, &sum), MP_OK) << mp_errmsg(&ctx);
+  }
+  mp_store_close(st);
+  exec_on(path, "ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version;"
+                " ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers; UPDATE schema_version SET version=10; PRAGMA user_version=10");
+  ASSERT_EQ(mp_store_open(&ctx, path.c_str(), &st), MP_OK) << mp_errmsg(&ctx);
+  EXPECT_EQ(q(st, "PRAGMA user_version"), MP_STORE_SCHEMA_VERSION);
+  const int want_chunks[4] = {8, 1, 1, 1}, want_nccl[4] = {22300, 0, 0, 0};
+  for (int i = 0; i < 4; i++) {
+    mp_plan_row r;
+    ASSERT_EQ(mp_store_get_plan(&ctx, st, i + 1, &r), MP_OK) << mp_errmsg(&ctx);
+    EXPECT_EQ(r.run_id, i + 1);
+    EXPECT_EQ(r.loss_chunks, want_chunks[i]) << i;
+    EXPECT_EQ(r.nccl_version, want_nccl[i]) << i;
+    EXPECT_STREQ(r.stack, i == 0 ? "torchtitan-eager" : "") << i;
+    EXPECT_EQ(r.moe_imbalance, i == 0 ? 1.5 : 1.0) << i;
+    EXPECT_EQ(r.moe_capacity_factor, i == 0 ? 1.25 : 0.0) << i;
+    EXPECT_STREQ(r.fp8_recipe, i == 0 ? "tensorwise" : "") << i;
+    EXPECT_EQ(r.mtp_layers, i == 0 ? 1 : -1) << i;
+  }
   mp_store_close(st);
 }
 

@@ -64,7 +64,7 @@ TEST(TrainStore, Version2MigratesWithItsRows) {
                          "ALTER TABLE measurements DROP COLUMN eval_loss; ALTER TABLE measurements DROP COLUMN lr;"
                          "ALTER TABLE measurements DROP COLUMN grad_norm; ALTER TABLE plans DROP COLUMN sp;"
                          "ALTER TABLE plans DROP COLUMN pp_virtual; ALTER TABLE plans DROP COLUMN global_batch;"
-                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt;"
+                         "DROP TABLE rejections; ALTER TABLE runs DROP COLUMN logged; DROP TABLE restarts; ALTER TABLE plans DROP COLUMN pp_split; DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers;"
                          "UPDATE schema_version SET version=2;"
                          "PRAGMA user_version=2",
                          nullptr, nullptr, nullptr),
@@ -142,8 +142,9 @@ TEST(TrainStore, AResumedRunKeepsOneHistoryAcrossPlans) {
   mp_mesh_init(&cand.mesh);
   cand.mesh.size[MP_DIM_TP] = 2;
   cand.micro_batch = 4;
-  EXPECT_EQ(mp_store_add_plan(&c, st, 99, &cand), MP_ERR_NOT_FOUND);
-  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  const mp_plan_settings cpu = {"meshplan-cpu", 1, 0}; /* what train predicts a segment under */
+  EXPECT_EQ(mp_store_add_plan(&c, st, 99, &cand, &cpu), MP_ERR_NOT_FOUND);
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand, &cpu), MP_OK) << mp_errmsg(&c);
   EXPECT_EQ(Q(st, "SELECT count(*) FROM plans WHERE run_id=1 AND rank IS NULL"), 2);
   EXPECT_EQ(Q(st, "SELECT idx FROM plans WHERE id=2"), 1);
   // the first process ran steps 1..4 and was killed; the second resumed from step 2
@@ -226,7 +227,8 @@ TEST(TrainStore, RestartsOfAnElasticRun) {
   mp_mesh_init(&cand.mesh);
   cand.mesh.size[MP_DIM_DP_SHARD] = 3;
   cand.micro_batch = 1;
-  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  const mp_plan_settings cpu = {"meshplan-cpu", 1, 0};
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand, &cpu), MP_OK) << mp_errmsg(&c);
   mp_restart_row r = {1, 1, first, cand.plan_id, "dp_shard=4", "dp_shard=3", "a rank was killed", 11, 10, 1, 2.5};
   ASSERT_EQ(mp_store_add_restart(&c, st, &r), MP_OK) << mp_errmsg(&c);
   mp_restart_row r2 = {1, 2, 0, cand.plan_id, "dp_shard=3", "dp_shard=2", "a rank stopped", 14, 10, 4, 7.0};
@@ -268,7 +270,7 @@ TEST(TrainStore, ExpertLoadsPerStepLayerAndExpert) {
   mp_store_close(st);
   sqlite3 *db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; UPDATE schema_version SET version=8; PRAGMA user_version=8",
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE expert_loads; ALTER TABLE plans DROP COLUMN etp; ALTER TABLE plans DROP COLUMN dopt; ALTER TABLE plans DROP COLUMN loss_chunks; ALTER TABLE plans DROP COLUMN nccl_version; ALTER TABLE plans DROP COLUMN stack; ALTER TABLE plans DROP COLUMN moe_imbalance; ALTER TABLE plans DROP COLUMN moe_capacity_factor; ALTER TABLE plans DROP COLUMN fp8_recipe; ALTER TABLE plans DROP COLUMN mtp_layers; UPDATE schema_version SET version=8; PRAGMA user_version=8",
                          nullptr, nullptr, nullptr),
             SQLITE_OK)
       << sqlite3_errmsg(db);
@@ -280,7 +282,8 @@ TEST(TrainStore, ExpertLoadsPerStepLayerAndExpert) {
   memset(&cand, 0, sizeof cand);
   mp_mesh_init(&cand.mesh);
   cand.micro_batch = 2;
-  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand), MP_OK) << mp_errmsg(&c);
+  const mp_plan_settings cpu = {"meshplan-cpu", 1, 0};
+  ASSERT_EQ(mp_store_add_plan(&c, st, 1, &cand, &cpu), MP_OK) << mp_errmsg(&c);
   // 2 layers (the first dense) x 3 experts; steps 1 and 2, then step 2 again by the resumed plan
   const int moe[2] = {0, 1};
   const int64_t routed1[6] = {0, 0, 0, 5, 2, 1}, dropped1[6] = {0, 0, 0, 1, 0, 0};
