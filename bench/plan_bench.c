@@ -185,8 +185,11 @@ static void make_request(const bench_opts *o, mp_sim_evaluator *ev, int search_f
   ev->sim.memory_first = !o->log_all;
   /* and plan's bound at its default --top 10 (planner/search.h, bound_top_k) */
   if (!o->log_all) req->search.bound_top_k = MP_OPT_TOP_DEFAULT;
-  req->info = (mp_run_info){m->name, c->name, c->gpu.name, mp_cluster_n_gpus(c), c->gpus_per_node,
-                            o->seq, o->gb, "time", "{}", "plan_bench", "bench"};
+  req->info = (mp_run_info){.model = m->name, .cluster = c->name, .gpu = c->gpu.name,
+                            .n_gpus = mp_cluster_n_gpus(c), .gpus_per_node = c->gpus_per_node,
+                            .seq = o->seq, .global_batch = o->gb, .objective = "time",
+                            .options_json = "{}", .command = "plan_bench", .tool_version = "bench"};
+  mp_sim_evaluator_settings(ev, &req->info.settings); /* as meshplan plan stores them */
 }
 
 static void print_header(const bench_opts *o, const mp_planner_request *req, const char *stack, long ncpu) {
